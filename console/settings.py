@@ -1,0 +1,260 @@
+"""Lockstep console settings.
+
+Embedded defaults with nothing set: SQLite, Channels' in-memory layer, Celery tasks run
+in-process. Production parts switch on with `DATABASE_URL` (PostgreSQL through psycopg 3)
+and `REDIS_URL` (Celery broker and results, channels-redis, cache, agent wake-ups).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from console.env import database_from_url, env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("LOCKSTEP_VAR_DIR", str(BASE_DIR / "var")))
+
+# --- core -----------------------------------------------------------------------------------
+
+SECRET_KEY = env_str("SECRET_KEY")
+DEBUG = env_bool("DEBUG", default=not SECRET_KEY)
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false")
+    # Debug only: a key per process is fine for a demo, and never ships to production.
+    SECRET_KEY = "insecure-dev-" + secrets.token_urlsafe(32)
+    logging.getLogger("lockstep").warning("SECRET_KEY not set: running in DEBUG with a throwaway key")
+
+# Token digests are HMACs with this pepper, so rotating SECRET_KEY (sessions) can be done
+# without invalidating every API token and node credential.
+TOKEN_PEPPER = env_str("LOCKSTEP_TOKEN_PEPPER", SECRET_KEY)
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"] if DEBUG else ["localhost", "127.0.0.1"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# The URL agents and browsers use to reach this console; the install command is built from it.
+# Empty means: derive it from each request.
+PUBLIC_URL = env_str("LOCKSTEP_PUBLIC_URL", "").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "console.core",
+    "console.tenancy",
+    "console.fleet",
+    "console.commands",
+    "console.telemetry",
+    "console.live",
+    "console.web",
+    "api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.web.context.organizations",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------------
+
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0)
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "lockstep.sqlite3")),
+            # Long-poll threads and request threads write concurrently: wait, do not fail.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis: channels, celery, cache ---------------------------------------------------------
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 10000, "prefix": "lockstep:ch"},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "lockstep",
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = REDIS_URL or "cache+memory://"
+CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_RESULT_EXPIRES = timedelta(hours=1)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-lost-nodes": {
+        "task": "console.fleet.tasks.sweep_lost_nodes",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
+    "requeue-expired-commands": {
+        "task": "console.commands.tasks.requeue_expired_commands",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
+}
+
+# --- auth, sessions, security ---------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "clusters"
+LOGOUT_REDIRECT_URL = "login"
+
+HTTPS = env_bool("LOCKSTEP_HTTPS", default=not DEBUG)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = 31536000 if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+if env_bool("LOCKSTEP_BEHIND_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Agents and health probes speak plain HTTP inside a cluster's management network even when
+# the browser console is served over HTTPS; they are exempt from the redirect.
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/agent/", r"^install\.sh$", r"^agent/", r"^healthz$"]
+
+# --- i18n, static ---------------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# --- REST API -------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "api.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["api.permissions.IsOrganizationMember"],
+    "DEFAULT_PAGINATION_CLASS": "api.pagination.Pagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Lockstep API",
+    "DESCRIPTION": "Fabric health and fault tolerance for GPU clusters: fleet, topology, agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+}
+
+# --- Lockstep -------------------------------------------------------------------------------
+
+LOCKSTEP = {
+    # A node is lost when it has not been heard from for this long.
+    "NODE_LOST_AFTER_S": env_int("LOCKSTEP_NODE_LOST_AFTER_S", 90),
+    "AGENT_HEARTBEAT_INTERVAL_S": env_int("LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S", 15),
+    # Long-poll: the longest an agent's GET /commands is held open.
+    "AGENT_POLL_MAX_WAIT_S": env_int("LOCKSTEP_AGENT_POLL_MAX_WAIT_S", 30),
+    # Backstop re-check of the database while a poll waits, in case a wake-up was missed.
+    "AGENT_POLL_RECHECK_S": env_int("LOCKSTEP_AGENT_POLL_RECHECK_S", 5),
+    "COMMAND_MAX_ATTEMPTS": env_int("LOCKSTEP_COMMAND_MAX_ATTEMPTS", 3),
+    "TELEMETRY_MAX_BATCH_BYTES": env_int("LOCKSTEP_TELEMETRY_MAX_BATCH_BYTES", 1024 * 1024),
+    "TELEMETRY_MAX_RECORDS": env_int("LOCKSTEP_TELEMETRY_MAX_RECORDS", 5000),
+    "INVENTORY_MAX_BYTES": env_int("LOCKSTEP_INVENTORY_MAX_BYTES", 2 * 1024 * 1024),
+    "TOPOLOGY_MAX_BYTES": env_int("LOCKSTEP_TOPOLOGY_MAX_BYTES", 64 * 1024 * 1024),
+    # Live updates: more events than this for one group in one flush collapse into a refresh.
+    "LIVE_MAX_EVENTS_PER_FLUSH": env_int("LOCKSTEP_LIVE_MAX_EVENTS_PER_FLUSH", 50),
+}
+
+# Large topology documents (9k GPUs) are accepted by the topology endpoint only.
+DATA_UPLOAD_MAX_MEMORY_SIZE = LOCKSTEP["TOPOLOGY_MAX_BYTES"]
+
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "kv": {"format": "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "uvicorn.access": {"level": env_str("ACCESS_LOG_LEVEL", "WARNING")},
+    },
+}
