@@ -7,7 +7,7 @@ and `REDIS_URL` (Celery broker and results, channels-redis, cache, agent wake-up
 
 from __future__ import annotations
 
-import logging
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +19,21 @@ from console.env import database_from_url, env_bool, env_int, env_list, env_str
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LOCKSTEP_VAR_DIR", str(BASE_DIR / "var")))
 
+def _dev_secret_key(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = "insecure-dev-" + secrets.token_urlsafe(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process of this setup made it first
+            return path.read_text().strip()
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+
+
 # --- core -----------------------------------------------------------------------------------
 
 SECRET_KEY = env_str("SECRET_KEY")
@@ -26,9 +41,9 @@ DEBUG = env_bool("DEBUG", default=not SECRET_KEY)
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false")
-    # Debug only: a key per process is fine for a demo, and never ships to production.
-    SECRET_KEY = "insecure-dev-" + secrets.token_urlsafe(32)
-    logging.getLogger("lockstep").warning("SECRET_KEY not set: running in DEBUG with a throwaway key")
+    # Debug only: a key generated once and kept under var/, so every process of a dev setup
+    # (console, worker, management commands) agrees on it. Never used in production.
+    SECRET_KEY = _dev_secret_key(VAR_DIR / "dev-secret-key")
 
 # Token digests are HMACs with this pepper, so rotating SECRET_KEY (sessions) can be done
 # without invalidating every API token and node credential.
@@ -64,7 +79,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -98,7 +112,10 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0)
+    # Agent endpoints run their queries on a small thread pool: keep those connections open
+    # and health-check them rather than reconnecting per call.
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
     DATABASES = {
         "default": {
@@ -189,11 +206,6 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
-STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
-}
-WHITENOISE_USE_FINDERS = DEBUG
 
 # --- REST API -------------------------------------------------------------------------------
 
@@ -254,6 +266,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "django.db.backends": {"level": "WARNING"},
         "uvicorn.access": {"level": env_str("ACCESS_LOG_LEVEL", "WARNING")},
     },

@@ -1,0 +1,216 @@
+"""The agent endpoints (docs/agent-protocol.md): small, async, one transaction each.
+
+They are plain async Django views rather than DRF views: they sit on the hot path of every
+node, hold long polls open by the thousand, and do their database work on a bounded thread
+pool (`console.core.asyncdb`) so one console process serves many agents at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+
+from django.conf import settings
+from django.http import JsonResponse
+from django.utils import timezone
+
+from api.agent.auth import AgentError, node_for_credential
+from console.commands import dispatch, wakeup
+from console.core.asyncdb import run_db
+from console.fleet import enrollment, lifecycle
+from console.fleet.inventory import InventoryError, apply_inventory
+from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
+
+ENROLL_MAX_BYTES = 64 * 1024
+HEARTBEAT_MAX_BYTES = 64 * 1024
+HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
+
+
+def agent_endpoint(*methods: str):
+    """Method check, and AgentError → its JSON answer, for an async agent view."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        async def wrapper(request, *args, **kwargs):
+            if request.method not in methods:
+                return JsonResponse(
+                    {"error": "method_not_allowed", "detail": f"Use {' or '.join(methods)}."},
+                    status=405, headers={"Allow": ", ".join(methods)},
+                )
+            try:
+                return await view(request, *args, **kwargs)
+            except AgentError as exc:
+                return JsonResponse(exc.body(), status=exc.status)
+
+        wrapper.csrf_exempt = True
+        return wrapper
+
+    return decorate
+
+
+def read_json(request, max_bytes: int, *, required: bool = True):
+    declared = request.headers.get("Content-Length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise AgentError("batch_too_large", f"The body is {declared} bytes; the limit is {max_bytes}.", 413)
+    body = request.body
+    if len(body) > max_bytes:
+        raise AgentError("batch_too_large", f"The body is {len(body)} bytes; the limit is {max_bytes}.", 413)
+    if not body:
+        if required:
+            raise AgentError("invalid", "The body is empty; send a JSON object.", 400)
+        return {}
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AgentError("invalid", f"The body is not JSON: {exc}", 400) from None
+    if not isinstance(payload, dict):
+        raise AgentError("invalid", "The body must be a JSON object.", 400)
+    return payload
+
+
+def _seen(authorization: str):
+    node = node_for_credential(authorization)
+    return lifecycle.mark_seen(node)
+
+
+async def authenticate(request):
+    return await run_db(_seen, request.headers.get("Authorization", ""))
+
+
+@agent_endpoint("POST")
+async def enroll(request):
+    payload = read_json(request, ENROLL_MAX_BYTES)
+    try:
+        result = await run_db(enrollment.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"))
+    except enrollment.EnrollmentRefused as exc:
+        raise AgentError(exc.code, exc.detail, exc.status, exc.field) from None
+    node, limits = result.node, settings.LOCKSTEP
+    return JsonResponse(
+        {
+            "node_id": node.pk,
+            "node_name": node.name,
+            "cluster_id": node.cluster_id,
+            "organization_id": node.organization_id,
+            "credential": result.credential,
+            "heartbeat_interval_s": limits["AGENT_HEARTBEAT_INTERVAL_S"],
+            "poll_wait_s": max(1, limits["AGENT_POLL_MAX_WAIT_S"] - 5),
+            "telemetry_max_batch_bytes": limits["TELEMETRY_MAX_BATCH_BYTES"],
+            "telemetry_max_records": limits["TELEMETRY_MAX_RECORDS"],
+        },
+        status=201,
+    )
+
+
+def _store_heartbeat(node, payload: dict):
+    from console.fleet.models import Node
+
+    status = {key: payload[key] for key in HEARTBEAT_FIELDS
+              if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
+    fields = {"agent_status": status}
+    version = payload.get("agent_version")
+    if isinstance(version, str) and version != node.agent_version:
+        fields["agent_version"] = version[:50]
+    Node.objects.filter(pk=node.pk).update(**fields)
+    return node.state
+
+
+@agent_endpoint("POST")
+async def heartbeat(request):
+    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
+    node = await authenticate(request)
+    state = await run_db(_store_heartbeat, node, payload)
+    return JsonResponse({"node_state": state, "server_time": timezone.now().isoformat()})
+
+
+def _int_param(request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise AgentError("invalid", f"Query parameter {name}={raw!r} is not a number.", 400, name) from None
+    if math.isnan(value):
+        raise AgentError("invalid", f"Query parameter {name} is not a number.", 400, name)
+    return int(min(max(value, low), high))
+
+
+def command_json(command) -> dict:
+    return {
+        "id": str(command.pk),
+        "type": command.type,
+        "args": command.args,
+        "timeout_s": command.timeout_s,
+        "attempt": command.attempt,
+        "issued_at": command.created.isoformat(),
+    }
+
+
+@agent_endpoint("GET")
+async def poll_commands(request):
+    limits = settings.LOCKSTEP
+    wait = _int_param(request, "wait", 25, 0, limits["AGENT_POLL_MAX_WAIT_S"])
+    batch = _int_param(request, "max", 10, 1, 100)
+    node = await authenticate(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    # Listen before the first look, so a command queued in between still wakes this poll.
+    async with wakeup.listen(node.pk) as woken:
+        while True:
+            commands = await run_db(dispatch.claim, node.pk, batch)
+            remaining = deadline - loop.time()
+            if commands or remaining <= 0:
+                break
+            await woken.wait(min(remaining, limits["AGENT_POLL_RECHECK_S"]))
+    return JsonResponse({"commands": [command_json(c) for c in commands]})
+
+
+@agent_endpoint("POST")
+async def command_result(request, command_id):
+    payload = read_json(request, settings.LOCKSTEP["TELEMETRY_MAX_BATCH_BYTES"])
+    status = payload.get("status")
+    if status not in ("succeeded", "failed"):
+        raise AgentError("invalid", f"status must be 'succeeded' or 'failed', got {status!r}.", 400, "status")
+    error = payload.get("error", "")
+    if not isinstance(error, str):
+        raise AgentError("invalid", "error must be a string.", 400, "error")
+    node = await authenticate(request)
+    outcome = await run_db(
+        dispatch.record_result, node, command_id,
+        succeeded=status == "succeeded", result=payload.get("result"), error=error[:10000],
+    )
+    if outcome is None:
+        raise AgentError("not_found", "No such command for this node.", 404)
+    body = {"accepted": outcome.accepted}
+    if outcome.reason:
+        body["reason"] = outcome.reason
+    return JsonResponse(body)
+
+
+@agent_endpoint("POST")
+async def telemetry(request):
+    limits = settings.LOCKSTEP
+    payload = read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"])
+    node = await authenticate(request)
+    try:
+        result = await run_db(ingest, node, payload, limits["TELEMETRY_MAX_RECORDS"])
+    except BatchTooLarge as exc:
+        raise AgentError("batch_too_large", str(exc), 413) from None
+    except BatchInvalid as exc:
+        raise AgentError("invalid", str(exc), 400, exc.field, exc.message) from None
+    if result.duplicate:
+        return JsonResponse({"accepted": 0, "duplicate": True})
+    return JsonResponse({"accepted": result.accepted}, status=202)
+
+
+@agent_endpoint("PUT")
+async def inventory(request):
+    payload = read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"])
+    node = await authenticate(request)
+    try:
+        counts = await run_db(apply_inventory, node, payload)
+    except InventoryError as exc:
+        raise AgentError("invalid", str(exc), 400, exc.field, exc.message) from None
+    return JsonResponse(counts)

@@ -1,0 +1,35 @@
+"""Who may call what. Reading needs membership; writing needs the view's write role and, for
+API tokens, the write scope. Objects outside the caller's organizations never get this far:
+the scoped queryset does not contain them, so they answer 404."""
+
+from __future__ import annotations
+
+from rest_framework import permissions
+
+from console.tenancy.models import ApiToken, Role, TokenScope
+from console.tenancy.scope import Scope
+
+
+class IsOrganizationMember(permissions.BasePermission):
+    message = "Authentication required."
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        if isinstance(request.auth, ApiToken) and request.auth.scope == TokenScope.READ:
+            if request.method not in permissions.SAFE_METHODS:
+                self.message = "This API token has the read scope; use a write-scoped token to make changes."
+                return False
+        return True
+
+
+class HasWriteRole(IsOrganizationMember):
+    """Unsafe methods need `view.write_role` (operator by default) in the object's organization."""
+
+    message = "Your role in this organization does not allow this change."
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        role = getattr(view, "write_role", Role.OPERATOR)
+        return Scope.for_request(request).can(obj.organization_id, role)

@@ -1,0 +1,161 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Count
+from django.utils import timezone
+from rest_framework import serializers
+
+from api.fields import ScopedPrimaryKeyRelatedField
+from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.tenancy.models import Organization
+
+DEFAULT_ENROLLMENT_TTL = timedelta(days=7)
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    organization = ScopedPrimaryKeyRelatedField(
+        queryset=Organization.objects.all(), required=False,
+        help_text="Defaults to the token's organization (or your current one).",
+    )
+    nodes = serializers.SerializerMethodField(help_text="Node counts by state.")
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "organization", "name", "description", "topology_name", "topology_imported_at", "nodes",
+                  "created", "updated"]
+        read_only_fields = ["id", "topology_name", "topology_imported_at", "nodes", "created", "updated"]
+        validators = []  # uniqueness of (organization, name) is checked in validate(), after the default org
+
+    def get_nodes(self, obj) -> dict[str, int]:
+        counts = getattr(obj, "_node_counts", None)
+        if counts is None:
+            counts = dict(obj_node_counts([obj.pk]).get(obj.pk, {}))
+        return {state: counts.get(state, 0) for state in NodeState.values}
+
+    def validate(self, attrs):
+        org = attrs.get("organization") or getattr(self.instance, "organization", None)
+        name = attrs.get("name")
+        if org and name and Cluster.objects.filter(organization=org, name=name).exclude(
+            pk=getattr(self.instance, "pk", None)
+        ).exists():
+            raise serializers.ValidationError({"name": f"a cluster named {name!r} already exists"})
+        if self.instance is not None and "organization" in attrs and attrs["organization"] != self.instance.organization:
+            raise serializers.ValidationError({"organization": "a cluster cannot move to another organization"})
+        return attrs
+
+
+def obj_node_counts(cluster_ids) -> dict[int, dict[str, int]]:
+    counts: dict[int, dict[str, int]] = {}
+    rows = Node.objects.filter(cluster_id__in=cluster_ids).values("cluster_id", "state").annotate(n=Count("id"))
+    for row in rows:
+        counts.setdefault(row["cluster_id"], {})[row["state"]] = row["n"]
+    return counts
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    health = serializers.CharField(read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True, default=None)
+
+    class Meta:
+        model = Node
+        fields = ["id", "organization", "cluster", "name", "hostname", "machine_id", "state", "health",
+                  "state_changed", "last_seen", "enrolled_at", "agent_version", "facts", "agent_status",
+                  "health_report", "health_report_at", "in_topology", "inventory_at", "telemetry_seq",
+                  "telemetry_dropped", "gpu_count", "created", "updated"]
+        read_only_fields = fields
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    nearest_nic_name = serializers.CharField(source="nearest_nic.name", read_only=True, default=None)
+
+    class Meta:
+        model = Gpu
+        fields = ["id", "organization", "cluster", "node", "node_name", "index", "uuid", "name", "pci_bus_id",
+                  "memory_bytes", "driver_version", "cuda_version", "ecc_enabled", "numa_node", "nvlinks",
+                  "nearest_nic", "nearest_nic_name", "affinity", "health", "updated"]
+        read_only_fields = fields
+
+
+class NicSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = Nic
+        fields = ["id", "organization", "cluster", "node", "node_name", "name", "device", "rail", "kind", "mac",
+                  "guid", "rdma_device", "pci_address", "numa_node", "speed_mbps", "mtu", "link_state",
+                  "addresses", "in_topology", "health", "updated"]
+        read_only_fields = fields
+
+
+class SwitchSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Switch
+        fields = ["id", "organization", "cluster", "name", "tier", "health", "updated"]
+        read_only_fields = fields
+
+
+class LinkSerializer(serializers.ModelSerializer):
+    a = serializers.CharField(source="a_name", read_only=True)
+    b = serializers.CharField(source="b_name", read_only=True)
+
+    class Meta:
+        model = Link
+        fields = ["id", "organization", "cluster", "name", "a", "b", "a_nic", "a_switch", "b_nic", "b_switch",
+                  "health", "updated"]
+        read_only_fields = fields
+
+
+class EnrollmentTokenSerializer(serializers.ModelSerializer):
+    prefix = serializers.CharField(source="prefix_display", read_only=True)
+    expires_in_s = serializers.IntegerField(
+        write_only=True, required=False, min_value=60, max_value=365 * 86400,
+        help_text="Lifetime in seconds (default 7 days); or give `expires`.",
+    )
+
+    class Meta:
+        model = EnrollmentToken
+        fields = ["id", "organization", "cluster", "description", "prefix", "expires", "expires_in_s", "max_uses",
+                  "uses", "last_used", "revoked_at", "created"]
+        read_only_fields = ["id", "organization", "cluster", "prefix", "uses", "last_used", "revoked_at", "created"]
+
+    def validate(self, attrs):
+        lifetime = attrs.pop("expires_in_s", None)
+        if lifetime is not None and attrs.get("expires") is not None:
+            raise serializers.ValidationError({"expires_in_s": "give either expires or expires_in_s, not both"})
+        if attrs.get("expires") is None:
+            attrs["expires"] = timezone.now() + (timedelta(seconds=lifetime) if lifetime else DEFAULT_ENROLLMENT_TTL)
+        elif attrs["expires"] <= timezone.now():
+            raise serializers.ValidationError({"expires": "must be in the future"})
+        if attrs.get("max_uses") == 0:
+            raise serializers.ValidationError({"max_uses": "must be at least 1 (or empty for unlimited)"})
+        return attrs
+
+
+class EnrollmentTokenCreatedSerializer(EnrollmentTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; only its digest is stored.")
+    install_command = serializers.CharField(read_only=True, help_text="Paste on a node to install and enroll.")
+
+    class Meta(EnrollmentTokenSerializer.Meta):
+        fields = [*EnrollmentTokenSerializer.Meta.fields, "token", "install_command"]
+
+
+class TopologySummarySerializer(serializers.Serializer):
+    created = serializers.DictField(child=serializers.IntegerField())
+    updated = serializers.DictField(child=serializers.IntegerField())
+    deleted = serializers.DictField(child=serializers.IntegerField())
+
+
+class PathsSerializer(serializers.Serializer):
+    src = serializers.CharField()
+    dst = serializers.CharField()
+    count = serializers.IntegerField()
+    paths = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+
+
+__all__ = [
+    "ClusterSerializer", "EnrollmentTokenCreatedSerializer", "EnrollmentTokenSerializer", "GpuSerializer",
+    "LinkSerializer", "NicSerializer", "NodeSerializer", "PathsSerializer", "ScopedPrimaryKeyRelatedField",
+    "SwitchSerializer", "TopologySummarySerializer",
+]

@@ -1,0 +1,12 @@
+from rest_framework import serializers
+
+from console.telemetry.models import TelemetryRecord
+
+
+class TelemetryRecordSerializer(serializers.ModelSerializer):
+    seq = serializers.IntegerField(source="batch.seq", read_only=True)
+
+    class Meta:
+        model = TelemetryRecord
+        fields = ["id", "organization", "cluster", "node", "seq", "kind", "ts", "data"]
+        read_only_fields = fields

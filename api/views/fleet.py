@@ -1,0 +1,249 @@
+from __future__ import annotations
+
+from django.db.models import Count
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from api.filtersets import (
+    ClusterFilterSet,
+    EnrollmentTokenFilterSet,
+    GpuFilterSet,
+    LinkFilterSet,
+    NicFilterSet,
+    NodeFilterSet,
+    SwitchFilterSet,
+)
+from api.serializers.commands import CommandSerializer
+from api.serializers.fleet import (
+    ClusterSerializer,
+    EnrollmentTokenCreatedSerializer,
+    EnrollmentTokenSerializer,
+    GpuSerializer,
+    LinkSerializer,
+    NicSerializer,
+    NodeSerializer,
+    SwitchSerializer,
+    TopologySummarySerializer,
+    obj_node_counts,
+)
+from api.viewsets import ScopedModelViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
+from console.commands import dispatch
+from console.fleet import lifecycle
+from console.fleet.install_command import install_command
+from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
+from console.fleet.status import cluster_status
+from console.fleet.topology_io import export_topology, import_topology
+from console.tenancy.models import Role
+from workers.fabric.topology import TopologyError
+
+
+class ClusterViewSet(ScopedModelViewSet):
+    """Clusters, their topology (import/export), enrollment tokens and live status."""
+
+    model = Cluster
+    serializer_class = ClusterSerializer
+    filterset_class = ClusterFilterSet
+    ordering_fields = ["name", "created"]
+
+    def list(self, request, *args, **kwargs):
+        response = super().list(request, *args, **kwargs)
+        return response
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        rows = page if page is not None else list(queryset)
+        counts = obj_node_counts([c.pk for c in rows])
+        for cluster in rows:
+            cluster._node_counts = counts.get(cluster.pk, {})
+        return page
+
+    def perform_create(self, serializer):
+        organization = serializer.validated_data.get("organization")
+        org_id = organization.pk if organization else self.scope.default_organization_id
+        if org_id is None:
+            raise exceptions.ValidationError({"organization": "you are not a member of any organization"})
+        self.require_role(org_id)
+        serializer.save(organization_id=org_id)
+
+    def perform_destroy(self, instance):
+        self.require_role(instance.organization_id, Role.OWNER)
+        instance.delete()
+
+    @extend_schema(
+        methods=["GET"], responses={200: dict},
+        description="The cluster's declared fabric as a lockstep.topology/v1 document.",
+    )
+    @extend_schema(
+        methods=["PUT"], request=dict, responses={200: TopologySummarySerializer},
+        description="Replace the declared fabric with a lockstep.topology/v1 document. A document with any "
+                    "problem is refused as a whole (400, every problem listed) and nothing changes.",
+    )
+    @action(detail=True, methods=["get", "put"])
+    def topology(self, request, pk=None):
+        cluster = self.get_object()
+        if request.method == "GET":
+            return Response(export_topology(cluster))
+        try:
+            summary = import_topology(cluster, request.data)
+        except TopologyError as exc:
+            return Response(
+                {"error": "invalid_topology", "detail": str(exc), "errors": exc.errors},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        return Response(summary.as_dict())
+
+    @extend_schema(
+        methods=["POST"], request=EnrollmentTokenSerializer, responses={201: EnrollmentTokenCreatedSerializer},
+        description="Create an enrollment token for this cluster. The answer holds the token (shown once) and "
+                    "the one-line install command.",
+    )
+    @extend_schema(methods=["GET"], responses={200: EnrollmentTokenSerializer(many=True)})
+    @action(detail=True, methods=["get", "post"], url_path="enrollment-tokens", filterset_class=None)
+    def enrollment_tokens(self, request, pk=None):
+        cluster = self.get_object()
+        if request.method == "GET":
+            tokens = EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")
+            page = self.paginate_queryset(tokens)
+            data = EnrollmentTokenSerializer(page, many=True).data
+            return self.get_paginated_response(data)
+        serializer = EnrollmentTokenSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token = EnrollmentToken(
+            organization_id=cluster.organization_id, cluster=cluster, created_by=request.user,
+            **serializer.validated_data,
+        )
+        plaintext = token.set_new_secret()
+        token.save()
+        token.token = plaintext
+        token.install_command = install_command(request, plaintext)
+        return Response(EnrollmentTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: dict}, description="Compact health of every element: the polling fallback "
+                   "of the live map (same data the websocket pushes).")
+    @action(detail=True, methods=["get"])
+    def status(self, request, pk=None):
+        return Response(cluster_status(self.get_object()))
+
+
+class NodeViewSet(ScopedReadOnlyViewSet):
+    """Nodes (hosts) and their agents. Drain, return to service, retire; send commands."""
+
+    model = Node
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilterSet
+    ordering_fields = ["name", "state", "last_seen", "position"]
+
+    def scoped_queryset(self, queryset):
+        return queryset.annotate(gpu_count=Count("gpus"))
+
+    def _transition(self, request, fn):
+        node = self.get_object()
+        self.check_object_permissions(request, node)
+        self.require_role(node.organization_id)
+        try:
+            fn(node)
+        except lifecycle.TransitionRefused as exc:
+            raise exceptions.ValidationError({"state": str(exc)}) from None
+        return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        return self._transition(request, lifecycle.drain)
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, pk=None):
+        return self._transition(request, lifecycle.undrain)
+
+    @extend_schema(request=None, responses={200: NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def retire(self, request, pk=None):
+        return self._transition(request, lifecycle.retire)
+
+    @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
+    @action(detail=True, methods=["get"])
+    def inventory(self, request, pk=None):
+        return Response(self.get_object().inventory or {})
+
+    @extend_schema(
+        methods=["POST"], request=CommandSerializer, responses={201: CommandSerializer},
+        description="Queue a command for this node's agent (`node` may be omitted).",
+    )
+    @extend_schema(methods=["GET"], responses={200: CommandSerializer(many=True)})
+    @action(detail=True, methods=["get", "post"], filterset_class=None)
+    def commands(self, request, pk=None):
+        node = self.get_object()
+        if request.method == "GET":
+            page = self.paginate_queryset(node.commands.order_by("-created"))
+            return self.get_paginated_response(CommandSerializer(page, many=True).data)
+        self.require_role(node.organization_id)
+        data = {**request.data, "node": node.pk} if isinstance(request.data, dict) else request.data
+        serializer = CommandSerializer(data=data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        command, created = dispatch.issue_command(
+            node, serializer.validated_data["type"], serializer.validated_data.get("args"),
+            user=request.user, idempotency_key=serializer.validated_data.get("idempotency_key"),
+        )
+        return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class GpuViewSet(ScopedReadOnlyViewSet):
+    """GPUs as the agents report them."""
+
+    model = Gpu
+    serializer_class = GpuSerializer
+    filterset_class = GpuFilterSet
+
+    def scoped_queryset(self, queryset):
+        return queryset.select_related("node", "nearest_nic")
+
+
+class NicViewSet(ScopedReadOnlyViewSet):
+    """NICs: declared by the topology, completed by the agents' inventory."""
+
+    model = Nic
+    serializer_class = NicSerializer
+    filterset_class = NicFilterSet
+
+    def scoped_queryset(self, queryset):
+        return queryset.select_related("node")
+
+
+class SwitchViewSet(ScopedReadOnlyViewSet):
+    """Switches, declared by the topology."""
+
+    model = Switch
+    serializer_class = SwitchSerializer
+    filterset_class = SwitchFilterSet
+
+
+class LinkViewSet(ScopedReadOnlyViewSet):
+    """Cables, declared by the topology; each end a NIC or a switch."""
+
+    model = Link
+    serializer_class = LinkSerializer
+    filterset_class = LinkFilterSet
+
+    def scoped_queryset(self, queryset):
+        return queryset.select_related("a_nic", "a_switch", "b_nic", "b_switch")
+
+
+class EnrollmentTokenViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                             mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Enrollment tokens of your clusters (create them on the cluster). DELETE revokes."""
+
+    model = EnrollmentToken
+    serializer_class = EnrollmentTokenSerializer
+    filterset_class = EnrollmentTokenFilterSet
+
+    def destroy(self, request, *args, **kwargs):
+        token = self.get_object()
+        token.revoke()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+__all__ = ["ClusterViewSet", "EnrollmentTokenViewSet", "GpuViewSet", "LinkViewSet", "NicViewSet", "NodeViewSet",
+           "OpenApiParameter", "SwitchViewSet"]

@@ -1,0 +1,75 @@
+"""The base of every tenant-facing API view: scoping cannot be forgotten or overridden.
+
+Subclasses set `model` and may narrow the queryset in `scoped_queryset()`; they cannot
+override `get_queryset`. Writes run in a transaction and re-check the organization of what was
+written, so nothing can be created or moved into an organization the caller cannot write.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from rest_framework import exceptions, viewsets
+
+from api.permissions import HasWriteRole
+from console.tenancy.models import Role
+from console.tenancy.scope import Scope
+
+_FINAL = ("get_queryset", "initial")
+
+
+class ScopedViewSetMixin:
+    model = None
+    scope_field = "organization_id"
+    write_role = Role.OPERATOR
+    permission_classes = [HasWriteRole]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _FINAL:
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} must not override {name}(); narrow the queryset in scoped_queryset()")
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.for_request(self.request)
+
+    def scoped_queryset(self, queryset):
+        return queryset
+
+    def get_queryset(self):
+        if self.model is None:
+            raise TypeError(f"{type(self).__name__} sets no model")
+        return self.scoped_queryset(self.scope.filter(self.model.objects.all(), field=self.scope_field))
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        # Computed once, after authentication, so every later check sees the same scope.
+        Scope.for_request(request)
+
+    def require_role(self, organization_id: int, role: str | None = None) -> None:
+        """404 when the organization is invisible to the caller, 403 when the role is too low."""
+        role = role or self.write_role
+        if self.scope.role_in(organization_id) is None:
+            raise exceptions.NotFound()
+        if not self.scope.can(organization_id, role):
+            raise exceptions.PermissionDenied(
+                f"This needs the {role} role in this organization (yours: {self.scope.role_in(organization_id)})."
+            )
+
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            instance = serializer.save()
+            self.require_role(instance.organization_id)
+
+    def perform_update(self, serializer):
+        with transaction.atomic():
+            instance = serializer.save()
+            self.require_role(instance.organization_id)
+
+
+class ScopedModelViewSet(ScopedViewSetMixin, viewsets.ModelViewSet):
+    pass
+
+
+class ScopedReadOnlyViewSet(ScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
+    pass

@@ -1,0 +1,144 @@
+"""Wake long-polling agents when a command is queued for their node.
+
+Each console process keeps, per node, the asyncio events of the polls it is holding. `notify`
+sets them directly (same process) and, when Redis is configured, publishes the node id so
+every other console process (and commands issued from Celery workers) wakes its own waiters.
+A missed wake-up costs at most the poll's periodic re-check, never a lost command: the
+database is the source of truth, the wake-up only shortens the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+CHANNEL = "lockstep:wake:node"
+
+
+class _Waiters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_node: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = defaultdict(set)
+
+    def add(self, node_id: int) -> tuple[asyncio.AbstractEventLoop, asyncio.Event]:
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._by_node[node_id].add(entry)
+        return entry
+
+    def remove(self, node_id: int, entry) -> None:
+        with self._lock:
+            waiting = self._by_node.get(node_id)
+            if waiting is not None:
+                waiting.discard(entry)
+                if not waiting:
+                    del self._by_node[node_id]
+
+    def wake(self, node_id: int) -> None:
+        with self._lock:
+            entries = list(self._by_node.get(node_id, ()))
+        for loop, event in entries:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._by_node.values())
+
+
+waiters = _Waiters()
+_publisher = None
+_publisher_lock = threading.Lock()
+_listeners: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
+
+
+def notify(node_id: int) -> None:
+    """Wake every poll waiting for this node, in this process and (with Redis) in the others."""
+    waiters.wake(node_id)
+    if settings.REDIS_URL:
+        try:
+            _redis().publish(CHANNEL, str(node_id))
+        except Exception as exc:  # the poll's re-check delivers it anyway, a little later
+            log.warning("event=wakeup_publish_failed node=%s error=%r", node_id, exc)
+
+
+class _Listener:
+    """Registered for wake-ups from entry to exit; `wait` can be called repeatedly."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.entry = None
+
+    async def __aenter__(self) -> _Listener:
+        _ensure_listener()
+        self.entry = waiters.add(self.node_id)
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        waiters.remove(self.node_id, self.entry)
+
+    async def wait(self, timeout: float) -> bool:
+        """True when notified within `timeout` seconds."""
+        event = self.entry[1]
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            event.clear()
+
+
+def listen(node_id: int) -> _Listener:
+    return _Listener(node_id)
+
+
+def _redis():
+    global _publisher
+    if _publisher is None:
+        import redis
+
+        with _publisher_lock:
+            if _publisher is None:
+                _publisher = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+    return _publisher
+
+
+def _ensure_listener() -> None:
+    if not settings.REDIS_URL:
+        return
+    loop = asyncio.get_running_loop()
+    task = _listeners.get(loop)
+    if task is None or task.done():
+        _listeners[loop] = loop.create_task(_listen())
+
+
+async def _listen() -> None:
+    import redis.asyncio as aioredis
+
+    backoff = 0.5
+    while True:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        try:
+            pubsub = client.pubsub()
+            await pubsub.subscribe(CHANNEL)
+            backoff = 0.5
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    try:
+                        waiters.wake(int(message["data"]))
+                    except ValueError:
+                        log.warning("event=wakeup_bad_message data=%r", message["data"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("event=wakeup_listener_error error=%r retry_in=%.1fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+        finally:
+            await client.aclose()

@@ -1,0 +1,86 @@
+"""Browser websocket: subscribe to organization and cluster groups, receive live events.
+
+Client → `{"subscribe": ["o3", "o3.c12"]}`; server → `{"type": "subscribed", "groups": [...],
+"denied": [...]}`. Access is checked per group at subscribe time; a group the user cannot see
+is denied exactly like one that does not exist. Events arrive as
+`{"type": "events", "group": "o3.c12", "events": [{"kind", "key", "data"}]}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console.live.groups import parse_group
+from console.live.publish import outbox
+
+MAX_GROUPS = 50
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        outbox.bind_loop(asyncio.get_running_loop())
+        self.groups_joined: set[str] = set()
+        await self.accept()
+
+    async def disconnect(self, code) -> None:
+        for group in getattr(self, "groups_joined", set()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if not isinstance(content, dict):
+            await self.send_json({"type": "error", "detail": "messages are JSON objects"})
+            return
+        if "subscribe" in content:
+            await self._subscribe(content["subscribe"])
+        elif "unsubscribe" in content:
+            await self._unsubscribe(content["unsubscribe"])
+        else:
+            await self.send_json({"type": "error", "detail": "expected 'subscribe' or 'unsubscribe'"})
+
+    async def _subscribe(self, names) -> None:
+        if not isinstance(names, list) or len(names) > MAX_GROUPS:
+            await self.send_json({"type": "error", "detail": f"'subscribe' takes a list of at most {MAX_GROUPS} groups"})
+            return
+        allowed, denied = await self._check(names)
+        for group in allowed:
+            if group not in self.groups_joined:
+                await self.channel_layer.group_add(group, self.channel_name)
+                self.groups_joined.add(group)
+        await self.send_json({"type": "subscribed", "groups": sorted(self.groups_joined), "denied": denied})
+
+    async def _unsubscribe(self, names) -> None:
+        for group in names if isinstance(names, list) else []:
+            if group in self.groups_joined:
+                await self.channel_layer.group_discard(group, self.channel_name)
+                self.groups_joined.discard(group)
+        await self.send_json({"type": "subscribed", "groups": sorted(self.groups_joined), "denied": []})
+
+    @database_sync_to_async
+    def _check(self, names) -> tuple[list[str], list]:
+        from console.fleet.models import Cluster
+        from console.tenancy.scope import Scope
+
+        scope = Scope.for_user(self.scope["user"])
+        allowed, denied = [], []
+        for name in names:
+            parsed = parse_group(name)
+            if parsed is None:
+                denied.append(name)
+                continue
+            org_id, cluster_id = parsed
+            visible = scope.can(org_id) and (
+                cluster_id is None or Cluster.objects.filter(pk=cluster_id, organization_id=org_id).exists()
+            )
+            (allowed if visible else denied).append(name)
+        return allowed, denied
+
+    async def live_events(self, message) -> None:
+        if message["group"] in self.groups_joined:
+            await self.send_json({"type": "events", "group": message["group"], "events": message["events"]})

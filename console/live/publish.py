@@ -1,0 +1,94 @@
+"""The one way to push a live update to browsers.
+
+`publish()` never sends inside a transaction: the event is handed to an outbox when the
+transaction commits (and dropped if it rolls back). The outbox waits a short window, then sends
+one message per group, keeping only the latest event per (kind, key), and collapsing a burst of
+more than LIVE_MAX_EVENTS_PER_FLUSH events into a single `refresh` (a topology import of a
+thousand rows is one message, not a thousand). Persistence never depends on delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+
+from console.live.groups import cluster_group, organization_group
+
+log = logging.getLogger(__name__)
+COALESCE_WINDOW_S = 0.1
+
+
+def publish(organization_id: int, cluster_id: int | None, kind: str, data: dict, key: str | None = None) -> None:
+    """Send `{kind, key, data}` to the cluster's group (or the organization's) after commit."""
+    group = cluster_group(organization_id, cluster_id) if cluster_id else organization_group(organization_id)
+    event = {"kind": kind, "key": key if key is not None else str(data.get("id", "")), "data": data}
+    transaction.on_commit(partial(outbox.put, group, event))
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, dict[tuple[str, str], dict]] = {}
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver on this event loop (the ASGI server's, where websocket consumers live)."""
+        self._loop = loop
+
+    def put(self, group: str, event: dict) -> None:
+        with self._lock:
+            per_group = self._events.setdefault(group, {})
+            per_group.pop((event["kind"], event["key"]), None)  # keep the latest, in arrival order
+            per_group[(event["kind"], event["key"])] = event
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._schedule()
+
+    def _schedule(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and loop.is_running():
+            loop.call_soon_threadsafe(loop.call_later, COALESCE_WINDOW_S, self._flush_on_loop)
+        elif settings.REDIS_URL:
+            # A process without websocket clients (a Celery worker): send through Redis.
+            timer = threading.Timer(COALESCE_WINDOW_S, self._flush_blocking)
+            timer.daemon = True
+            timer.start()
+        else:
+            # In-memory layer and no loop bound: nobody in this process can be listening.
+            self.take()
+
+    def take(self) -> dict[str, list[dict]]:
+        with self._lock:
+            events, self._events, self._scheduled = self._events, {}, False
+        return {group: list(per_group.values()) for group, per_group in events.items()}
+
+    def _flush_on_loop(self) -> None:
+        asyncio.ensure_future(self.flush())
+
+    def _flush_blocking(self) -> None:
+        from asgiref.sync import async_to_sync
+
+        async_to_sync(self.flush)()
+
+    async def flush(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        limit = settings.LOCKSTEP["LIVE_MAX_EVENTS_PER_FLUSH"]
+        for group, events in self.take().items():
+            if len(events) > limit:
+                events = [{"kind": "refresh", "key": "", "data": {"coalesced": len(events)}}]
+            try:
+                await layer.group_send(group, {"type": "live.events", "group": group, "events": events})
+            except Exception as exc:  # browsers fall back to polling; nothing stored is lost
+                log.warning("event=live_send_failed group=%s error=%r", group, exc)
+
+
+outbox = Outbox()

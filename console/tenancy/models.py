@@ -1,0 +1,123 @@
+"""Organizations (tenants), their members and roles, and API tokens."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from console.core.models import OrganizationOwnedModel, TimestampedModel
+from console.core.tokens import HashedToken
+
+__all__ = ["ApiToken", "Membership", "Organization", "Role", "TokenScope"]
+
+
+class Role(models.TextChoices):
+    """What a member may do in an organization. Each role includes the ones below it."""
+
+    OWNER = "owner", "Owner"  # members, tokens, everything an operator does
+    OPERATOR = "operator", "Operator"  # clusters, topology, enrollment, commands
+    VIEWER = "viewer", "Viewer"  # read only
+
+    @classmethod
+    def rank(cls, role: str) -> int:
+        return {cls.VIEWER: 1, cls.OPERATOR: 2, cls.OWNER: 3}.get(role, 0)
+
+
+class Organization(TimestampedModel):
+    """A tenant: a GPU cloud, a platform team, a customer. Owns every domain row."""
+
+    name = models.CharField(
+        verbose_name="name",
+        max_length=100,
+    )
+    slug = models.SlugField(
+        verbose_name="slug",
+        max_length=100,
+        unique=True,
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["name"], name="tenancy_organization_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def organization_id(self) -> int:
+        """An organization belongs to itself, so permission checks treat it like any row."""
+        return self.pk
+
+
+class Membership(TimestampedModel):
+    """A user's role in one organization."""
+
+    organization = models.ForeignKey(
+        to=Organization,
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="organization",
+    )
+    user = models.ForeignKey(
+        to=settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="user",
+    )
+    role = models.CharField(
+        verbose_name="role",
+        max_length=16,
+        choices=Role.choices,
+        default=Role.VIEWER,
+    )
+
+    class Meta:
+        ordering = ["organization", "user"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "user"], name="tenancy_membership_unique_organization_user"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} ({self.role})"
+
+
+class TokenScope(models.TextChoices):
+    READ = "read", "Read"
+    WRITE = "write", "Write"
+
+
+class ApiToken(HashedToken, OrganizationOwnedModel):
+    """A bearer token for the REST API, bound to one organization and acting for its creator.
+
+    It never grants more than its creator's current role, and `read` tokens never write.
+    """
+
+    PREFIX = "lst"
+
+    user = models.ForeignKey(
+        to=settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        verbose_name="user",
+    )
+    name = models.CharField(
+        verbose_name="name",
+        max_length=100,
+    )
+    scope = models.CharField(
+        verbose_name="scope",
+        max_length=8,
+        choices=TokenScope.choices,
+        default=TokenScope.READ,
+    )
+
+    class Meta:
+        ordering = ["-created"]
+        indexes = [models.Index(fields=["organization", "user"], name="tenancy_apitoken_org_user")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix_display})"
