@@ -244,6 +244,8 @@ LOCKSTEP = {
     "AGENT_POLL_MAX_WAIT_S": env_int("LOCKSTEP_AGENT_POLL_MAX_WAIT_S", 30),
     # Backstop re-check of the database while a poll waits, in case a wake-up was missed.
     "AGENT_POLL_RECHECK_S": env_int("LOCKSTEP_AGENT_POLL_RECHECK_S", 5),
+    # Agent endpoints run ORM work on their own thread pool (off only in in-process tests).
+    "DB_THREAD_POOL": env_bool("LOCKSTEP_DB_THREAD_POOL", True),
     "COMMAND_MAX_ATTEMPTS": env_int("LOCKSTEP_COMMAND_MAX_ATTEMPTS", 3),
     "TELEMETRY_MAX_BATCH_BYTES": env_int("LOCKSTEP_TELEMETRY_MAX_BATCH_BYTES", 1024 * 1024),
     "TELEMETRY_MAX_RECORDS": env_int("LOCKSTEP_TELEMETRY_MAX_RECORDS", 5000),

@@ -118,8 +118,8 @@ def _store_heartbeat(node, payload: dict):
 
 @agent_endpoint("POST")
 async def heartbeat(request):
-    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
     node = await authenticate(request)
+    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
     state = await run_db(_store_heartbeat, node, payload)
     return JsonResponse({"node_state": state, "server_time": timezone.now().isoformat()})
 
@@ -169,6 +169,7 @@ async def poll_commands(request):
 
 @agent_endpoint("POST")
 async def command_result(request, command_id):
+    node = await authenticate(request)
     payload = read_json(request, settings.LOCKSTEP["TELEMETRY_MAX_BATCH_BYTES"])
     status = payload.get("status")
     if status not in ("succeeded", "failed"):
@@ -176,7 +177,6 @@ async def command_result(request, command_id):
     error = payload.get("error", "")
     if not isinstance(error, str):
         raise AgentError("invalid", "error must be a string.", 400, "error")
-    node = await authenticate(request)
     outcome = await run_db(
         dispatch.record_result, node, command_id,
         succeeded=status == "succeeded", result=payload.get("result"), error=error[:10000],
@@ -192,8 +192,8 @@ async def command_result(request, command_id):
 @agent_endpoint("POST")
 async def telemetry(request):
     limits = settings.LOCKSTEP
-    payload = read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"])
     node = await authenticate(request)
+    payload = read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"])
     try:
         result = await run_db(ingest, node, payload, limits["TELEMETRY_MAX_RECORDS"])
     except BatchTooLarge as exc:
@@ -207,8 +207,8 @@ async def telemetry(request):
 
 @agent_endpoint("PUT")
 async def inventory(request):
-    payload = read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"])
     node = await authenticate(request)
+    payload = read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"])
     try:
         counts = await run_db(apply_inventory, node, payload)
     except InventoryError as exc:

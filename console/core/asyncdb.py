@@ -12,6 +12,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections
 
 from console.env import env_int
@@ -32,6 +33,9 @@ def _with_fresh_connection(fn):
 
 async def run_db(fn, *args, **kwargs):
     """Await `fn(*args, **kwargs)` run on the database thread pool."""
+    if not settings.LOCKSTEP["DB_THREAD_POOL"]:
+        # Tests that wrap each test in one transaction need the work on the test's own thread.
+        return await sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
     return await sync_to_async(_with_fresh_connection(fn), thread_sensitive=False, executor=_executor)(
         *args, **kwargs
     )

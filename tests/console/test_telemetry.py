@@ -1,0 +1,94 @@
+"""Telemetry batches: stored once per (node, seq), bounded, and all-or-nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from console.fleet.models import Node
+from console.telemetry.models import TelemetryBatch, TelemetryRecord
+from tests.factories import make_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(world):
+    return make_fleet(world.acme)
+
+
+def _post(fleet, body, raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {fleet.credential}").post(
+        "/api/v1/agent/telemetry", data, content_type="application/json"
+    )
+
+
+def _records(n, kind="probe.window"):
+    return [{"kind": kind, "ts": 1796403600.0 + i, "data": {"i": i}} for i in range(n)]
+
+
+def test_a_batch_is_stored_and_a_retry_of_it_is_not(fleet):
+    first = _post(fleet, {"seq": 2, "records": _records(3), "dropped": 4})
+    assert first.status_code == 202 and first.json() == {"accepted": 3}
+    retry = _post(fleet, {"seq": 2, "records": _records(3), "dropped": 4})
+    assert retry.status_code == 200 and retry.json() == {"accepted": 0, "duplicate": True}
+    assert TelemetryRecord.objects.filter(node=fleet.node, kind="probe.window").count() == 3
+    node = Node.objects.get(pk=fleet.node.pk)
+    assert node.telemetry_dropped == 4 and node.telemetry_seq == 2
+
+
+def test_an_oversize_body_is_refused_with_413_and_nothing_stored(fleet, settings):
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "TELEMETRY_MAX_BATCH_BYTES": 2000}
+    before = TelemetryRecord.objects.count()
+    response = _post(fleet, {"seq": 5, "records": _records(50)})
+    assert response.status_code == 413 and response.json()["error"] == "batch_too_large"
+    assert "limit is 2000" in response.json()["detail"]
+    assert TelemetryRecord.objects.count() == before
+    assert not TelemetryBatch.objects.filter(seq=5).exists()
+
+
+def test_too_many_records_are_refused_with_413(fleet, settings):
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "TELEMETRY_MAX_RECORDS": 10}
+    response = _post(fleet, {"seq": 5, "records": _records(11)})
+    assert response.status_code == 413
+    assert not TelemetryBatch.objects.filter(seq=5).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"records": []}, "seq"),
+        ({"seq": 0, "records": []}, "seq"),
+        ({"seq": 5, "records": {}}, "records"),
+        ({"seq": 5, "records": [{"kind": "Bad Kind", "ts": 1.0, "data": {}}]}, "records[0].kind"),
+        ({"seq": 5, "records": [*_records(2), {"kind": "x", "ts": "yesterday", "data": {}}]}, "records[2].ts"),
+        ({"seq": 5, "records": [{"kind": "x", "ts": 1796403600, "data": [1, 2]}]}, "records[0].data"),
+        ({"seq": 5, "dropped": -1, "records": []}, "dropped"),
+    ],
+)
+def test_a_malformed_batch_names_the_bad_field_and_stores_nothing(fleet, body, field):
+    before = TelemetryRecord.objects.count()
+    response = _post(fleet, body)
+    assert response.status_code == 400
+    assert list(response.json()["fields"]) == [field]
+    assert TelemetryRecord.objects.count() == before
+    assert not TelemetryBatch.objects.filter(seq=5).exists()
+
+
+def test_a_body_that_is_not_json_is_refused(fleet):
+    response = _post(fleet, None, raw=b"{not json")
+    assert response.status_code == 400 and "not JSON" in response.json()["detail"]
+
+
+def test_telemetry_needs_a_node_credential(fleet):
+    response = Client().post("/api/v1/agent/telemetry", "{}", content_type="application/json")
+    assert response.status_code == 401 and response.json()["error"] == "node_credential_invalid"
+
+
+def test_tenants_read_their_telemetry_filtered_by_kind(world, fleet):
+    _post(fleet, {"seq": 9, "records": _records(2, kind="clock.offset")})
+    rows = world.client("bob").get("/api/v1/telemetry/", {"kind": "clock.offset"}).json()["results"]
+    assert len(rows) == 2 and {r["seq"] for r in rows} == {9}

@@ -1,0 +1,92 @@
+"""Build a realistic fleet for an organization through the same services the API uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from console.commands import dispatch
+from console.commands.models import Command
+from console.fleet.enrollment import enroll
+from console.fleet.inventory import apply_inventory
+from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
+from console.fleet.topology_io import import_topology
+from console.telemetry.ingest import ingest
+from console.telemetry.models import TelemetryRecord
+
+
+def small_topology(prefix: str = "node") -> dict:
+    hosts = [f"{prefix}{i}" for i in range(2)]
+    return {
+        "format": "lockstep.topology/v1",
+        "name": f"{prefix}-fabric",
+        "hosts": [{"name": h} for h in hosts],
+        "switches": [{"name": "leaf-0", "tier": "leaf"}, {"name": "spine-0", "tier": "spine"}],
+        "nics": [{"name": f"{h}/nic0", "host": h, "rail": 0} for h in hosts],
+        "links": [{"id": f"{h}/nic0~leaf-0", "a": f"{h}/nic0", "b": "leaf-0"} for h in hosts]
+        + [{"id": "leaf-0~spine-0#0", "a": "leaf-0", "b": "spine-0"}],
+    }
+
+
+def make_enrollment_token(cluster: Cluster, **fields) -> str:
+    token = EnrollmentToken(organization_id=cluster.organization_id, cluster=cluster, **fields)
+    plaintext = token.set_new_secret()
+    token.save()
+    return plaintext
+
+
+def inventory_doc(hostname: str, machine_id: str, gpus: int = 1) -> dict:
+    return {
+        "format": "lockstep.inventory/v1",
+        "collected_at": timezone.now().isoformat(),
+        "host": {"hostname": hostname, "machine_id": machine_id, "kernel": "6.1.0", "arch": "x86_64"},
+        "gpus": [
+            {"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{machine_id}-{i}",
+             "pci_bus_id": f"0000:{0x18 + i:02x}:00.0", "memory_bytes": 85520809984, "ecc_enabled": True}
+            for i in range(gpus)
+        ],
+        "nics": [{"device": "nic0", "kind": "ethernet", "mac": "02:00:00:00:00:01", "pci_address": "0000:19:00.0",
+                  "speed_mbps": 400000, "mtu": 9000, "link_state": "up", "addresses": ["10.0.0.1/24"]}],
+        "affinity": [{"gpu": f"GPU-{machine_id}-0", "nic": "nic0", "relation": "PIX"}] if gpus else [],
+        "errors": [],
+    }
+
+
+@dataclass
+class Fleet:
+    cluster: Cluster
+    node: Node
+    credential: str
+    enrollment_token: EnrollmentToken
+    gpu: Gpu
+    nic: Nic
+    switch: Switch
+    link: Link
+    command: Command
+    record: TelemetryRecord
+
+
+def make_fleet(organization, name: str = "cluster") -> Fleet:
+    cluster = Cluster.objects.create(organization=organization, name=name)
+    prefix = f"{organization.slug}-node"
+    import_topology(cluster, small_topology(prefix))
+    plaintext = make_enrollment_token(cluster, max_uses=10)
+    enrolled = enroll(plaintext, {"hostname": f"{prefix}0", "machine_id": f"{organization.slug}-m0"})
+    node = enrolled.node
+    apply_inventory(node, inventory_doc(node.name, node.machine_id))
+    command, _ = dispatch.issue_command(node, "node.health", {})
+    ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}}]},
+           100)
+    return Fleet(
+        cluster=cluster,
+        node=node,
+        credential=enrolled.credential,
+        enrollment_token=EnrollmentToken.objects.get(cluster=cluster),
+        gpu=Gpu.objects.get(node=node),
+        nic=Nic.objects.get(node=node, device="nic0"),
+        switch=Switch.objects.get(cluster=cluster, name="leaf-0"),
+        link=Link.objects.get(cluster=cluster, name="leaf-0~spine-0#0"),
+        command=command,
+        record=TelemetryRecord.objects.get(node=node),
+    )
