@@ -43,10 +43,15 @@ def import_topology(cluster: Cluster, document) -> ImportSummary:
     with transaction.atomic():
         Cluster.objects.select_for_update().filter(pk=cluster.pk).first()  # one import at a time
         summary = ImportSummary()
+        # Deleting a host cascades to its NICs and cables, so count those deletions by name.
+        nics_before = set(Nic.objects.filter(cluster=cluster).values_list("name", flat=True))
+        links_before = set(Link.objects.filter(cluster=cluster).values_list("name", flat=True))
         nodes = _import_hosts(cluster, topology, summary)
         switches = _import_switches(cluster, topology, summary)
         nics = _import_nics(cluster, topology, nodes, summary)
         _import_links(cluster, topology, nics, switches, summary)
+        summary.deleted["nics"] = len(nics_before - set(Nic.objects.filter(cluster=cluster).values_list("name", flat=True)))
+        summary.deleted["links"] = len(links_before - {link.id for link in topology.links})
         cluster.topology_name = topology.name
         cluster.topology_imported_at = timezone.now()
         cluster.save(update_fields=["topology_name", "topology_imported_at", "updated"])
@@ -133,9 +138,7 @@ def _import_nics(cluster: Cluster, topology: Topology, nodes: dict[str, Node], s
     Nic.objects.filter(pk__in=reported).update(in_topology=False, rail=None)
     Nic.objects.bulk_update(to_update, ["name", "node", "device", "rail", "in_topology", "position"], batch_size=BATCH)
     Nic.objects.bulk_create(to_create, batch_size=BATCH)
-    summary.created["nics"], summary.updated["nics"], summary.deleted["nics"] = (
-        len(to_create), len(to_update), len(dropped)
-    )
+    summary.created["nics"], summary.updated["nics"] = len(to_create), len(to_update)
     return {n.name: n for n in Nic.objects.filter(cluster=cluster, in_topology=True)}
 
 
@@ -164,9 +167,7 @@ def _import_links(cluster, topology: Topology, nics: dict[str, Nic], switches: d
     Link.objects.filter(pk__in=[link.pk for link in existing.values()]).delete()
     Link.objects.bulk_update(to_update, ["a_nic", "a_switch", "b_nic", "b_switch", "position"], batch_size=BATCH)
     Link.objects.bulk_create(to_create, batch_size=BATCH)
-    summary.created["links"], summary.updated["links"], summary.deleted["links"] = (
-        len(to_create), len(to_update), len(existing)
-    )
+    summary.created["links"], summary.updated["links"] = len(to_create), len(to_update)
 
 
 def export_topology(cluster: Cluster) -> dict:

@@ -1,0 +1,110 @@
+"""Live updates: published after commit only, coalesced, and heard only by those allowed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+
+from console.fleet import lifecycle
+from console.live.consumers import LiveConsumer
+from console.live.groups import cluster_group, organization_group, parse_group
+from console.live.publish import outbox, publish
+from tests.factories import make_fleet
+
+
+@pytest.fixture(autouse=True)
+def _in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    outbox.take()
+    yield
+    outbox.bind_loop(None)
+    outbox.take()
+
+
+def test_group_names_are_valid_channels_names_and_parse_back():
+    assert organization_group(3) == "o3" and cluster_group(3, 12) == "o3.c12"
+    assert parse_group("o3.c12") == (3, 12) and parse_group("o3") == (3, None)
+    assert parse_group("o3.c12; drop") is None and parse_group("x") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_published_when_the_transaction_rolls_back():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish(1, 2, "node", {"id": 5, "state": "lost"})
+        raise RuntimeError("rolled back")
+    assert outbox.take() == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_is_coalesced_latest_per_key_and_collapsed_to_a_refresh_past_the_limit(settings, monkeypatch):
+    monkeypatch.setattr(outbox, "_schedule", lambda: None)  # inspect the outbox instead of sending
+    with transaction.atomic():
+        for state in ("enrolling", "ready", "lost"):
+            publish(1, 2, "node", {"id": 5, "state": state})
+        publish(1, 2, "node", {"id": 6, "state": "ready"})
+    events = outbox.take()["o1.c2"]
+    assert [(e["key"], e["data"]["state"]) for e in events] == [("5", "lost"), ("6", "ready")]
+
+    received = []
+    layer = get_channel_layer()
+
+    async def burst():
+        channel = await layer.new_channel()
+        await layer.group_add("o1.c2", channel)
+        for i in range(settings.LOCKSTEP["LIVE_MAX_EVENTS_PER_FLUSH"] + 1):
+            outbox.put("o1.c2", {"kind": "link", "key": str(i), "data": {"id": i}})
+        await outbox.flush()
+        received.append(await asyncio.wait_for(layer.receive(channel), 1))
+
+    asyncio.run(burst())
+    assert received[0]["events"] == [{"kind": "refresh", "key": "", "data": {"coalesced": 51}}]
+
+
+async def _connect(user):
+    communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), "/ws/live/")
+    communicator.scope["user"] = user
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_member_hears_a_change_and_an_outsider_is_denied_and_hears_nothing(django_user_model):
+    from tests.conftest import World
+
+    world = await sync_to_async(World)(django_user_model)
+    fleet = await sync_to_async(make_fleet)(world.acme)
+    acme_group = cluster_group(world.acme.pk, fleet.cluster.pk)
+
+    bob = await _connect(world.users["bob"])
+    await bob.send_json_to({"subscribe": [acme_group, organization_group(world.globex.pk)]})
+    reply = await bob.receive_json_from()
+    assert reply == {"type": "subscribed", "groups": [acme_group], "denied": [organization_group(world.globex.pk)]}
+
+    charlie = await _connect(world.users["charlie"])
+    await charlie.send_json_to({"subscribe": [acme_group, organization_group(world.acme.pk)]})
+    assert (await charlie.receive_json_from())["groups"] == []
+
+    await sync_to_async(lifecycle.drain)(fleet.node)  # commits: the event goes out after the commit
+    message = await bob.receive_json_from(timeout=2)
+    assert message["type"] == "events" and message["group"] == acme_group
+    assert message["events"][-1]["data"]["state"] == "draining"
+    assert await charlie.receive_nothing(timeout=0.5)
+    await bob.disconnect()
+    await charlie.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_an_anonymous_socket_is_closed():
+    from django.contrib.auth.models import AnonymousUser
+
+    communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), "/ws/live/")
+    communicator.scope["user"] = AnonymousUser()
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401
