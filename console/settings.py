@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "console.core",
     "console.tenancy",
     "console.fleet",
@@ -123,6 +124,8 @@ else:
             "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "lockstep.sqlite3")),
             # Long-poll threads and request threads write concurrently: wait, do not fail.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # A file, not memory, so tests can share the database with a live server process.
+            "TEST": {"NAME": str(VAR_DIR / "test-lockstep.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -232,6 +235,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # Swagger UI served from this console, not a CDN: consoles often run without internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

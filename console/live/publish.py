@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from functools import partial
 
 from django.conf import settings
@@ -21,6 +22,8 @@ from console.live.groups import cluster_group, organization_group
 
 log = logging.getLogger(__name__)
 COALESCE_WINDOW_S = 0.1
+# A flush scheduled this long ago that has not run (its loop stopped) is scheduled again.
+STALE_FLUSH_S = 2.0
 
 
 def publish(organization_id: int, cluster_id: int | None, kind: str, data: dict, key: str | None = None) -> None:
@@ -34,7 +37,7 @@ class Outbox:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: dict[str, dict[tuple[str, str], dict]] = {}
-        self._scheduled = False
+        self._scheduled_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -46,27 +49,30 @@ class Outbox:
             per_group = self._events.setdefault(group, {})
             per_group.pop((event["kind"], event["key"]), None)  # keep the latest, in arrival order
             per_group[(event["kind"], event["key"])] = event
-            if self._scheduled:
+            now = time.monotonic()
+            if self._scheduled_at is not None and now - self._scheduled_at < STALE_FLUSH_S:
                 return
-            self._scheduled = True
+            self._scheduled_at = now
         self._schedule()
 
     def _schedule(self) -> None:
+        from channels.layers import InMemoryChannelLayer, get_channel_layer
+
         loop = self._loop
         if loop is not None and not loop.is_closed() and loop.is_running():
             loop.call_soon_threadsafe(loop.call_later, COALESCE_WINDOW_S, self._flush_on_loop)
-        elif settings.REDIS_URL:
+        elif not isinstance(get_channel_layer(), InMemoryChannelLayer):
             # A process without websocket clients (a Celery worker): send through Redis.
             timer = threading.Timer(COALESCE_WINDOW_S, self._flush_blocking)
             timer.daemon = True
             timer.start()
         else:
-            # In-memory layer and no loop bound: nobody in this process can be listening.
+            # An in-memory layer and no event loop serving sockets: nobody can be listening.
             self.take()
 
     def take(self) -> dict[str, list[dict]]:
         with self._lock:
-            events, self._events, self._scheduled = self._events, {}, False
+            events, self._events, self._scheduled_at = self._events, {}, None
         return {group: list(per_group.values()) for group, per_group in events.items()}
 
     def _flush_on_loop(self) -> None:
