@@ -42,7 +42,7 @@ DEFAULT_PREFIX = "lt"
 
 
 def default_base_dir() -> Path:
-    return Path(os.environ.get("LOCKSTEP_TESTBED_DIR") or "/run/lockstep-testbed")
+    return Path(os.environ.get("LOCKSTEP_TESTBED_DIR") or "/run/lockstep-testbed").absolute()
 
 
 def load_topology(source: Topology | dict | str | os.PathLike) -> Topology:
@@ -87,7 +87,7 @@ class Fabric(FaultsMixin, AgentsMixin):
         except PlanError as exc:
             raise TestbedError(str(exc)) from exc
         topo = load_topology(topology)
-        base = Path(base_dir) if base_dir is not None else default_base_dir()
+        base = Path(base_dir).absolute() if base_dir is not None else default_base_dir()
         state_dir = base / prefix
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(state_dir, 0o700)
@@ -115,7 +115,7 @@ class Fabric(FaultsMixin, AgentsMixin):
                 "version": STATE_VERSION, "prefix": prefix, "phase": "building", "created": time.time(),
                 "topology": topo.to_document(), "mgmt_subnet": str(plan.mgmt_subnet),
                 "namespaces": plan.namespaces(), "root_links": plan.root_links(),
-                "fault_log": str(fault_log) if fault_log else str(state_dir / "faults.jsonl"),
+                "fault_log": str(Path(fault_log).absolute()) if fault_log else str(state_dir / "faults.jsonl"),
                 "faults": {}, "next_fault": 1, "agents": {}, "agent_config": None,
             }
             _write_json(state_dir / "state.json", state)  # recorded before anything exists
@@ -150,7 +150,7 @@ class Fabric(FaultsMixin, AgentsMixin):
     @classmethod
     def attach(cls, prefix: str = DEFAULT_PREFIX, base_dir: str | os.PathLike | None = None) -> Fabric:
         """Reopen a testbed brought up earlier (by this or another process)."""
-        base = Path(base_dir) if base_dir is not None else default_base_dir()
+        base = Path(base_dir).absolute() if base_dir is not None else default_base_dir()
         path = base / prefix / "state.json"
         try:
             state = json.loads(path.read_text())
@@ -161,8 +161,8 @@ class Fabric(FaultsMixin, AgentsMixin):
 
     def down(self) -> None:
         """Stop every process, remove every namespace, veth and bridge, and the state dir."""
-        with contextlib.suppress(TestbedError):
-            self.heal_all()
+        with contextlib.suppress(Exception):  # teardown happens whatever healing runs into
+            self.heal_all()  # logs the end of every active fault
         self._teardown()
 
     def _teardown(self) -> None:
@@ -179,7 +179,7 @@ class Fabric(FaultsMixin, AgentsMixin):
         the prefixes cleaned.
         """
         netops.require_root_and_netns()
-        base = Path(base_dir) if base_dir is not None else default_base_dir()
+        base = Path(base_dir).absolute() if base_dir is not None else default_base_dir()
         found = set(prefixes)
         if base.is_dir():
             found |= {d.name for d in base.iterdir() if d.is_dir()}

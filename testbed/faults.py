@@ -79,8 +79,17 @@ class FaultsMixin:
                 raise TestbedError(f"{target} is already under fault {other['id']} ({ftype})")
 
     def active_faults(self) -> list[dict]:
+        """Active faults (id, type, target, culprit, params, started); a flap also says whether its
+        flapper process still runs (`flapper_alive`)."""
         self.refresh()
-        return [{k: v for k, v in f.items() if k != "apply"} for f in self.state.get("faults", {}).values()]
+        out = []
+        for f in self.state.get("faults", {}).values():
+            record = {k: v for k, v in f.items() if k != "apply"}
+            flapper = f.get("apply", {}).get("flapper")
+            if flapper:
+                record["flapper_alive"] = procs.alive(flapper["pid"], flapper["start"])
+            out.append(record)
+        return out
 
     def fault_log(self) -> list[dict]:
         """Every start/end event so far (the ground truth of this testbed's faults)."""
@@ -199,8 +208,8 @@ class FaultsMixin:
             raise TestbedError(f"loss rate {rate!r}: a fraction of packets dropped, 0 < rate <= 1 (0.05 = 5%)")
         return float(rate)
 
-    def fault_link_loss(self, link_id: str, rate: float, direction: str = "a>b") -> str:
-        """Drop a random `rate` of the packets crossing a link in one direction (or 'both')."""
+    def fault_link_loss(self, link_id: str, direction: str = "a>b", rate: float | None = None) -> str:
+        """Drop a random `rate` of the packets crossing a link in one `direction` (or 'both')."""
         link = self.link(link_id)
         rate = self._check_rate(rate)
         ends = self._ends_for(link, direction)

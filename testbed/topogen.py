@@ -27,7 +27,7 @@ def generate(hosts: int, rails: int = 2, hosts_per_leaf: int = 8, spines: int = 
     units = (hosts + hosts_per_leaf - 1) // hosts_per_leaf
     doc: dict[str, Any] = {
         "format": FORMAT,
-        "name": name or f"rail{rails}-h{hosts}-l{hosts_per_leaf}-s{spines}x{links_per_spine}",
+        "name": name or f"rail{rails}-h{hosts}-su{hosts_per_leaf}-s{spines}x{links_per_spine}",
         "hosts": [], "switches": [], "nics": [], "links": [],
     }
     leaves = [[f"leaf-su{su:02d}-r{r}" for r in range(rails)] for su in range(units)]

@@ -119,6 +119,7 @@ def test_link_flap_toggles_until_healed(fab):
     fid = fab.fault_link_flap(link, period=0.4, duty=0.5)
     flapper = fab.refresh().state["faults"][fid]["apply"]["flapper"]
     assert procs.alive(flapper["pid"], flapper["start"])
+    assert [f["flapper_alive"] for f in fab.active_faults()] == [True]
     seen = set()
     deadline = time.monotonic() + 5
     while len(seen) < 2 and time.monotonic() < deadline:
@@ -219,6 +220,8 @@ def test_bad_fault_requests_are_refused_and_change_nothing(fab):
         fab.fault_link_loss("no-such-link", rate=0.1)
     with pytest.raises(TestbedError, match="loss rate"):
         fab.fault_link_loss("node0000/nic0~leaf-su00-r0", rate=1.5)
+    with pytest.raises(TestbedError, match="loss rate"):
+        fab.fault_link_loss("node0000/nic0~leaf-su00-r0")  # no rate
     with pytest.raises(TestbedError, match="direction"):
         fab.fault_link_loss("node0000/nic0~leaf-su00-r0", rate=0.1, direction="sideways")
     with pytest.raises(TestbedError, match="duty"):
@@ -239,7 +242,7 @@ def test_bad_fault_requests_are_refused_and_change_nothing(fab):
 
 def test_ground_truth_over_time_windows(fab):
     t0 = time.time()
-    fid = fab.fault_link_loss("leaf-su00-r1~spine-p0-00#0", rate=0.1, direction="both")
+    fid = fab.fault_link_loss("leaf-su00-r1~spine-p0-00#0", "both", 0.1)  # (link, direction, rate)
     time.sleep(0.05)
     t_mid = time.time()
     fab.heal(fid)
