@@ -161,7 +161,7 @@ def dump_truth(doc: dict[str, Any]) -> str:
 # ---- the fabric as the generator sees it ------------------------------------------------------
 
 
-def _pods(topo: Topology, index: PathIndex) -> np.ndarray:
+def switch_pods(topo: Topology, index: PathIndex) -> np.ndarray:
     """Pod id per switch: connected components of switch-switch links between non-core switches."""
     n = len(index.switch_names)
     parent = list(range(n))
@@ -366,7 +366,7 @@ def simulate(
     nic_host = index.nic_host
 
     # 1-2. pairs and known paths
-    src, dst = choose_pairs(index, _pods(topo, index), config, rng_pairs)
+    src, dst = choose_pairs(index, switch_pods(topo, index), config, rng_pairs)
     pairs = [(index.nic_names[s], index.nic_names[d]) for s, d in zip(src.tolist(), dst.tolist(), strict=True)]
     has_path = rng_paths.random(len(pairs)) < config.path_fraction
     known_idx = np.flatnonzero(has_path)
