@@ -64,8 +64,11 @@ Noise that is not a fault:
 
 Ground truth: each fault is one culprit, named by the smallest common element
 (formats/fabric.md): a NIC or its access link -> `nic`; all NICs of a host -> `host`.
-Its metadata: `pairs_touched` (pairs with x > 0), `probe_traversals` (sum of sent * x, an end on a
-host counted once per end), `expected_drops` (= traversals * drop, first order).
+Its metadata, over the pairs the window reports: `pairs_touched` (pairs with x > 0; for a stall
+also the stalled host's own pairs), `probe_traversals` (sum of sent * x, an end on a host counted
+once per end; for a stall the probes sent to it), `expected_drops` (= traversals * drop, first
+order), `equivalent` (other elements these probes cannot tell apart from it, e.g. a NIC's access
+link), and for faults placed on an access link, `element` (that link).
 """
 
 from __future__ import annotations

@@ -486,7 +486,7 @@ def simulate(
         probes.append(row)
     observations = {"format": OBS_FORMAT, "topology": topo.name, "window_s": config.window_s, "probes": probes}
 
-    culprits = [_culprit(f, index, inc, sent, src, dst) for f in faults]
+    culprits = [_culprit(f, index, inc, sent, src, dst, keep) for f in faults]
     network_ok = not any(c["kind"] in ("link", "switch", "nic") for c in culprits)
     truth = {
         "format": VERDICT_FORMAT,
@@ -639,7 +639,8 @@ def _place_faults(kinds: list[str], index: PathIndex, sig: _Signatures | None, c
 
 
 def _culprit(fault: dict[str, Any], index: PathIndex, inc: Incidence, sent: np.ndarray,
-             src: np.ndarray, dst: np.ndarray) -> dict[str, Any]:
+             src: np.ndarray, dst: np.ndarray, reported: np.ndarray) -> dict[str, Any]:
+    """The truth entry of a fault; its counts cover the pairs the window reports."""
     kind, name = fault["culprit"]
     p = fault["params"]
     if fault["target"] == "link":
@@ -658,6 +659,7 @@ def _culprit(fault: dict[str, Any], index: PathIndex, inc: Incidence, sent: np.n
     touched = x > 0
     if fault["fault"] == "host_stall":
         touched = touched | (index.nic_host[src] == fault["host"])
+    touched &= reported
     traversals = float((sent * x).sum())
     out: dict[str, Any] = {"kind": kind, "name": name, "confidence": 1.0, "fault": fault["fault"],
                            "drop": p["drop"]}

@@ -403,3 +403,15 @@ def test_a_nine_thousand_gpu_window():
     assert set(hops.tolist()) == {2, 4, 6}
     link = s.truth["culprits"][0]
     assert link["kind"] == "link" and link["pairs_touched"] > 0 and link["equivalent"] == []
+
+
+def test_truth_counts_cover_the_reported_pairs_only():
+    for seed in range(30, 60):
+        s = window("host_stall:1", seed=seed, noisy_hosts=0)
+        if s.truth["culprits"][0]["stall"] == 1.0:
+            break
+    (c,) = s.truth["culprits"]
+    probes = s.observations["probes"]
+    touching = [p for p in probes if c["name"] in (p["src"].split("/")[0], p["dst"].split("/")[0])]
+    assert c["pairs_touched"] == len(touching) > 0
+    assert s.truth["scenario"]["pairs"] == len(probes) < 4096

@@ -289,3 +289,20 @@ def test_nine_thousand_gpu_fabric_counts_without_enumerating():
     pairs = [(idx.nic_names[i], idx.nic_names[j]) for i, j in itertools.product(range(0, 9216, 997), repeat=2)
              if i != j]
     assert set(idx.incidence(pairs).hops.tolist()) <= {2, 4, 6}
+
+
+def test_known_paths_that_are_not_walks_are_named(example_index):
+    pairs = [("node0000/nic0", "node0001/nic0"), ("node0000/nic0", "node0009/nic0")]
+    good = ("node0000/nic0~leaf-su00-r0", "node0001/nic0~leaf-su00-r0")
+    with pytest.raises(ValueError, match=r"paths\[1\]: path\[1\]: 'nope' is not a link"):
+        example_index.incidence(pairs, [good, ("node0000/nic0~leaf-su00-r0", "nope")])
+    with pytest.raises(ValueError, match=r"paths\[1\]: path\[1\]: link .* does not touch"):
+        example_index.incidence(pairs, [good, ("node0000/nic0~leaf-su00-r0", "leaf-su01-r0~spine-p0-00#0")])
+    with pytest.raises(ValueError, match=r"paths\[1\]: ends at 'node0001/nic0'"):
+        example_index.incidence(pairs, [None, good])
+    # a known path need not be shortest: it is taken as given
+    detour = ("node0000/nic0~leaf-su00-r0", "leaf-su00-r0~spine-p0-00#0", "leaf-su01-r0~spine-p0-00#0",
+              "leaf-su01-r0~spine-p0-01#0", "leaf-su00-r0~spine-p0-01#0", "node0001/nic0~leaf-su00-r0")
+    inc = example_index.incidence(pairs[:1], [detour])
+    assert inc.hops[0] == 6
+    assert inc.switch_fractions(["leaf-su00-r0", "spine-p0-00"]).tolist() == [[2.0, 1.0]]

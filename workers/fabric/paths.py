@@ -22,6 +22,8 @@ cached per switch pair.
 API
 ---
 `PathIndex(topology)` -- build once per topology; every method below is cheap after that.
+Element order for arrays: `link_ids`, `switch_names`, `nic_names`, `host_names` (topology order),
+with `link_index`, `switch_index`, `nic_index`, `host_index` mapping names to positions.
 
 Per pair (names of NICs):
 - `hop_count(src, dst) -> int | None`: links on a shortest path (2 on one leaf, 4 through a
@@ -47,19 +49,20 @@ on the 9,216-GPU fabric), and answers:
 - `hops`, `npaths`, `reachable`: arrays over pairs.
 - `link_fractions(link_ids, directed=False)`: dense [pairs x K] fractions for K chosen links, or
   a (a->b, b->a) tuple of them with `directed=True` (a and b are the link's ends as written in the
-  topology). A pair crosses a link in one direction only.
+  topology). On its ECMP paths a pair crosses a given link in one direction only.
 - `switch_fractions(names)`, `nic_counts(names)`, `host_counts(names)`: [pairs x K].
 - `pairs_through(link_id)`: (pair indices, fractions) of the pairs that can cross the link.
 - `loads(weights=None) -> (fwd, rev, switch)`, `link_loads(weights=None) -> (fwd, rev)` and
-  `switch_loads(weights=None)`: for every link
-  (in `PathIndex.link_ids` order) and switch (`PathIndex.switch_names` order), the sum over pairs
+  `switch_loads(weights=None)`: for every link (in `link_ids` order) and switch (in
+  `switch_names` order), the sum over pairs
   of weight x fraction, i.e. expected probe traversals when weights are probe counts; one
   dynamic programme per destination switch, [pairs x m] weights give m columns in one pass.
 - `mean_path_product(link_fwd, link_rev=None, switch=None) -> [pairs]`: the mean over each
   pair's ECMP paths of the product of per-link (per direction) and per-switch factors; with
   survival probabilities as factors this is the exact delivery probability under even ECMP
   spreading, however many lossy elements a pair's paths cross.
-- `sample_paths(rng)`: one ECMP path per pair drawn uniformly (known paths returned as given).
+- `sample_paths(rng)`: one ECMP path per pair drawn uniformly with the caller's
+  `numpy.random.Generator` (known paths returned as given).
 - `coo()`: the explicit (pair, link, fraction, forward) incidence, for small fabrics and tests.
 
 `connected()` says whether every NIC reaches every other NIC.
@@ -510,7 +513,10 @@ class Incidence:
 
         def fail(r: int) -> None:
             i = int(rows[r])
-            nodes = idx.walk(self.pairs[i][0], paths[i])  # raises with the precise reason
+            try:
+                nodes = idx.walk(self.pairs[i][0], paths[i])
+            except ValueError as exc:
+                raise ValueError(f"paths[{i}]: {exc}") from None
             raise ValueError(f"paths[{i}]: ends at {nodes[-1]!r}, not at the destination {self.pairs[i][1]!r}")
 
         if np.any(links < 0):
