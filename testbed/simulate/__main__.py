@@ -1,0 +1,3 @@
+from testbed.simulate.cli import main
+
+raise SystemExit(main())
