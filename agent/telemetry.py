@@ -17,7 +17,8 @@ Disk buffer (``<state>/telemetry``):
 - the buffer is bounded by ``LOCKSTEP_TELEMETRY_BUFFER_BYTES``: beyond the
   bound the oldest segments are deleted and their records counted as dropped
   (dropping is by segment, each at most 1/16 of the bound);
-- a batch is formed from the oldest segments and written, with its ``seq`` and
+- a batch (at most the console's bound, and at most a quarter of the buffer's) is
+  formed from the oldest segments and written, with its ``seq`` and
   ``dropped`` count, to ``state.json`` *before* its segments are deleted; it is
   re-sent unchanged until the console accepts it (or says it already has that
   ``seq``), so a retry after a lost answer is a harmless duplicate;
@@ -63,6 +64,8 @@ class TelemetryBuffer:
         self.segment_max_bytes = max(512, min(256 * 1024, self.max_bytes // 16, self.batch_max_bytes // 4))
         self.segment_max_records = max(1, min(1000, self.batch_max_records))
         self.max_record_bytes = max(256, min(256 * 1024, self.batch_max_bytes // 4, self.segment_max_bytes))
+        # A batch in flight is never dropped, so keep it small next to the bound.
+        self.batch_budget = max(self.segment_max_bytes, min(self.batch_max_bytes, self.max_bytes // 4)) - _BATCH_OVERHEAD
         self._cond = threading.Condition()
         self._segments: list[dict] = []  # oldest first: {"n", "bytes", "records"}
         self._active_fh = None
@@ -204,7 +207,7 @@ class TelemetryBuffer:
                 force
                 or self._unbatched_since is None
                 or time.monotonic() - self._unbatched_since >= self.linger_s
-                or buffered >= self.batch_max_bytes // 2
+                or buffered >= self.batch_budget // 2
                 or records >= self.batch_max_records // 2
             )
             if not ready:
@@ -212,7 +215,7 @@ class TelemetryBuffer:
             return self._form()
 
     def _form(self) -> dict | None:
-        budget = self.batch_max_bytes - _BATCH_OVERHEAD
+        budget = self.batch_budget
         chosen: list[dict] = []
         size = count = 0
         for seg in self._segments:
@@ -250,7 +253,7 @@ class TelemetryBuffer:
         return self._state["pending"][0] if self._state["pending"] else None
 
     def _chunk(self, records: list) -> list[dict]:
-        budget = self.batch_max_bytes - _BATCH_OVERHEAD
+        budget = self.batch_budget
         batches: list[dict] = []
         current: list = []
         size = 0

@@ -54,6 +54,7 @@ class CommandRunner:
         self._stopping = False
         self.abandoned = 0
         self.executed = 0
+        self.duplicates = 0  # deliveries of a command already running or completed (not run again)
         self._threads = [
             threading.Thread(target=self._worker, name=f"cmd-exec-{i}", daemon=True) for i in range(workers)
         ]
@@ -72,9 +73,11 @@ class CommandRunner:
             if self._stopping:
                 return "stopping"
             if cid in self._in_flight:
+                self.duplicates += 1
                 agentlog.info("command.duplicate", id=cid, state="running", msg="already running; not run twice")
                 return "duplicate_running"
             if self.store.completed(cid) is not None:
+                self.duplicates += 1
                 agentlog.info("command.duplicate", id=cid, state="completed", msg="stored result posted again")
                 duplicate = True
             else:

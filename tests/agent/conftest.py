@@ -74,6 +74,10 @@ class RunningDaemon:
         self.daemon.stop()
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "daemon did not stop"
+        # In a process the loops die with it; here, let an in-flight long poll end so that it
+        # cannot claim commands for a stopped agent.
+        for loop in self.daemon._threads:
+            loop.join(timeout)
         return self.exit_code
 
 

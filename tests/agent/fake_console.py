@@ -23,6 +23,7 @@ import contextlib
 import json
 import re
 import secrets
+import select
 import socket
 import threading
 import time
@@ -461,6 +462,14 @@ def _make_handler(console: FakeConsole):
                 self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
 
+        def _client_gone(self) -> bool:
+            """The agent closed the connection (it exited): do not claim commands for nobody."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         def _send(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
@@ -541,7 +550,7 @@ def _make_handler(console: FakeConsole):
                 if err is not None:
                     return err
                 while True:
-                    if not console.available:
+                    if not console.available or self._client_gone():
                         self._abort()
                         return None, {}
                     claimed = console._claim(node, limit)
