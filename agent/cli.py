@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -128,8 +129,11 @@ def _cmd_inventory(args: argparse.Namespace) -> int:
     document = collect(
         HostPaths.from_sysfs_root(config.sysfs_root), hostname=config.hostname, machine_id=config.machine_id
     )
-    json.dump(document, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    try:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... inventory | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 
