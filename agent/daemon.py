@@ -113,8 +113,15 @@ class Daemon:
             commands=",".join(self.registry.names()),
         )
         self.ready.set()
+        next_prune = time.monotonic() + 3600
         while not self._stop.wait(1.0):
             self._watch_credential()
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + 3600
+                try:
+                    self.store.prune()
+                except OSError as exc:
+                    agentlog.warning("commands.prune_failed", error=str(exc))
         self._shutdown()
         return EXIT_OK
 

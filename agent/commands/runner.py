@@ -109,9 +109,14 @@ class CommandRunner:
                 entry["started"] = True
             try:
                 self._execute(cmd, entry)
-            except Exception as exc:  # never let a bug kill an executor
+            except Exception as exc:  # never let a bug (or a full disk) kill an executor
                 agentlog.error("command.internal_error", exc_info=True, id=cid, error=str(exc))
-                self._finish(cid, str(cmd.get("type", "")), "failed", None, f"agent internal error: {exc}")
+                try:
+                    self._finish(cid, str(cmd.get("type", "")), "failed", None, f"Agent internal error: {exc}.")
+                except Exception:
+                    agentlog.error("command.unrecorded", exc_info=True, id=cid)
+                    with self._lock:
+                        self._in_flight.pop(cid, None)
 
     def _execute(self, cmd: dict, entry: dict) -> None:
         cid = cmd["id"]
