@@ -1,0 +1,77 @@
+"""Command types for the agent tests (loaded with LOCKSTEP_COMMAND_MODULES=agent_test_commands).
+
+``test.record`` appends "<command id> <attempt>" to a file: the tests count how
+many times a command really ran, across agent restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from agent.commands import Arg, CommandContext, Registry, default_registry
+
+_forever = threading.Event()
+
+
+def record(args: dict, ctx: CommandContext) -> dict:
+    with open(args["path"], "a") as fh:
+        fh.write(f"{ctx.command_id} {ctx.attempt}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    if args["sleep_s"]:
+        ctx.cancelled.wait(args["sleep_s"])
+    return {"recorded": ctx.command_id}
+
+
+def sleep(args: dict, ctx: CommandContext) -> dict:
+    finished = not ctx.cancelled.wait(args["seconds"])
+    return {"slept": args["seconds"], "finished": finished}
+
+
+def hang(args: dict, ctx: CommandContext) -> dict:
+    _forever.wait()  # ignores ctx.cancelled on purpose: a handler stuck in C code
+    return {}
+
+
+def crash(args: dict, ctx: CommandContext) -> dict:
+    raise RuntimeError("boom")
+
+
+def echo(args: dict, ctx: CommandContext) -> dict:
+    return {"text": args["text"] * args["count"], "tags": args["tags"], "mode": args["mode"]}
+
+
+def emit(args: dict, ctx: CommandContext) -> dict:
+    for i in range(args["count"]):
+        ctx.emit("test.sample", {"i": i, "command": ctx.command_id})
+    return {"emitted": args["count"]}
+
+
+def not_an_object(args: dict, ctx: CommandContext) -> list:
+    return [1, 2, 3]
+
+
+def not_json(args: dict, ctx: CommandContext) -> dict:
+    return {"value": object()}
+
+
+def register(registry: Registry) -> Registry:
+    registry.register("test.record", timeout_s=30, args={
+        "path": Arg(str, required=True), "sleep_s": Arg(float, default=0.0, min=0)})(record)
+    registry.register("test.sleep", timeout_s=60, args={"seconds": Arg(float, required=True, min=0)})(sleep)
+    registry.register("test.hang", timeout_s=0.3)(hang)
+    registry.register("test.crash", timeout_s=5)(crash)
+    registry.register("test.echo", timeout_s=5, args={
+        "text": Arg(str, required=True, max_len=100000),
+        "count": Arg(int, default=1, min=1, max=1000),
+        "tags": Arg(list, items=str, default=[]),
+        "mode": Arg(str, choices=("fast", "slow"), default="fast"),
+    })(echo)
+    registry.register("test.emit", timeout_s=10, args={"count": Arg(int, required=True, min=1)})(emit)
+    registry.register("test.not_object", timeout_s=5)(not_an_object)
+    registry.register("test.not_json", timeout_s=5)(not_json)
+    return registry
+
+
+register(default_registry)
