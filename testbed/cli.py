@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import shlex
@@ -185,13 +183,9 @@ def _print_status(s: dict) -> None:
 
 
 def _simulate(rest: list[str]) -> int:
-    if importlib.util.find_spec("testbed.simulate") is None or \
-            importlib.util.find_spec("testbed.simulate.cli") is None:
-        print("error: the simulate subcommand is not installed here (testbed/simulate/cli.py is missing)",
-              file=sys.stderr)
-        return 2
-    module = importlib.import_module("testbed.simulate.cli")
-    return int(module.main(rest) or 0)
+    from testbed.simulate import cli as simulate_cli
+
+    return int(simulate_cli.main(rest) or 0)
 
 
 def _simulate_argv(argv: list[str]) -> list[str] | None:
