@@ -16,10 +16,10 @@ class IsOrganizationMember(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        if isinstance(request.auth, ApiToken) and request.auth.scope == TokenScope.READ:
-            if request.method not in permissions.SAFE_METHODS:
-                self.message = "This API token has the read scope; use a write-scoped token to make changes."
-                return False
+        read_only = isinstance(request.auth, ApiToken) and request.auth.scope == TokenScope.READ
+        if read_only and request.method not in permissions.SAFE_METHODS:
+            self.message = "This API token has the read scope; use a write-scoped token to make changes."
+            return False
         return True
 
 

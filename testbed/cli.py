@@ -21,7 +21,7 @@ fabric, a management bridge to reach the console). Faults are injected on purpos
 with start and end times as ground truth. Everything is named with --prefix, so several
 testbeds (and other users of namespaces) coexist, and `down --all` cleans up after a crash.
 
-Needs root, iproute2 and nftables (testbed/setup-host.sh installs them).
+Needs root, iproute2 and nftables (scripts/setup-host.sh installs them).
 """
 
 EPILOG = """\

@@ -20,7 +20,7 @@ def run(argv: Sequence[str], *, input: str | None = None, check: bool = True,
     try:
         proc = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError as exc:
-        raise TestbedError(f"{argv[0]}: not installed (run testbed/setup-host.sh)") from exc
+        raise TestbedError(f"{argv[0]}: not installed (run scripts/setup-host.sh)") from exc
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip()
         raise TestbedError(f"{' '.join(argv[:6])}{' ...' if len(argv) > 6 else ''} failed: {detail}")
@@ -33,7 +33,7 @@ def require_root_and_netns() -> None:
         raise TestbedError("the emulated testbed needs root (network namespaces, veths, nftables); "
                            "run as root, or use `python -m testbed simulate` for a simulated fabric")
     if shutil.which("ip") is None:
-        raise TestbedError("`ip` (iproute2) is not installed; run testbed/setup-host.sh")
+        raise TestbedError("`ip` (iproute2) is not installed; run scripts/setup-host.sh")
     proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise TestbedError(f"network namespaces are unavailable here: {proc.stderr.strip()}")
@@ -108,7 +108,7 @@ def ns_pids(ns: str) -> list[int]:
 
 def nft(ns: str, script: str) -> None:
     if shutil.which("nft") is None:
-        raise TestbedError("`nft` (nftables) is not installed; run testbed/setup-host.sh")
+        raise TestbedError("`nft` (nftables) is not installed; run scripts/setup-host.sh")
     run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script)
 
 

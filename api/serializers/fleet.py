@@ -153,9 +153,3 @@ class PathsSerializer(serializers.Serializer):
     count = serializers.IntegerField()
     paths = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
 
-
-__all__ = [
-    "ClusterSerializer", "EnrollmentTokenCreatedSerializer", "EnrollmentTokenSerializer", "GpuSerializer",
-    "LinkSerializer", "NicSerializer", "NodeSerializer", "PathsSerializer", "ScopedPrimaryKeyRelatedField",
-    "SwitchSerializer", "TopologySummarySerializer",
-]

@@ -5,7 +5,7 @@ from django.utils.text import slugify
 from rest_framework import serializers
 
 from api.fields import ScopedPrimaryKeyRelatedField
-from console.tenancy.models import ApiToken, Membership, Organization, Role
+from console.tenancy.models import ApiToken, Membership, Organization
 from console.tenancy.scope import Scope
 
 
@@ -82,5 +82,3 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
 
-
-ROLE_CHOICES = Role.choices

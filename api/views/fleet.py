@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.db.models import Count
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -46,10 +46,6 @@ class ClusterViewSet(ScopedModelViewSet):
     serializer_class = ClusterSerializer
     filterset_class = ClusterFilterSet
     ordering_fields = ["name", "created"]
-
-    def list(self, request, *args, **kwargs):
-        response = super().list(request, *args, **kwargs)
-        return response
 
     def paginate_queryset(self, queryset):
         page = super().paginate_queryset(queryset)
@@ -244,6 +240,3 @@ class EnrollmentTokenViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.R
         token.revoke()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-
-__all__ = ["ClusterViewSet", "EnrollmentTokenViewSet", "GpuViewSet", "LinkViewSet", "NicViewSet", "NodeViewSet",
-           "OpenApiParameter", "SwitchViewSet"]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import Q
-from rest_framework import exceptions, mixins, status
+from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.response import Response
 
 from api.filtersets import ApiTokenFilterSet, MembershipFilterSet
@@ -14,7 +14,6 @@ from api.serializers.tenancy import (
 )
 from api.viewsets import ScopedModelViewSet, ScopedViewSetMixin
 from console.tenancy.models import ApiToken, Membership, Organization, Role
-from rest_framework import viewsets
 
 
 class OrganizationViewSet(ScopedModelViewSet):

@@ -7,7 +7,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.core.models import Health
-from console.fleet.models import Gpu, Nic, Node, NodeState
+from console.fleet.models import Gpu, Nic, Node
 from console.live.publish import publish
 
 FORMAT = "lockstep.inventory/v1"
@@ -154,5 +154,3 @@ def node_event(node: Node) -> dict:
         "last_seen": node.last_seen.isoformat() if node.last_seen else None,
     }
 
-
-__all__ = ["FORMAT", "InventoryError", "NodeState", "apply_inventory", "node_event", "validate_inventory"]

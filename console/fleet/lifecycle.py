@@ -30,9 +30,8 @@ class TransitionRefused(ValueError):
 def mark_seen(node: Node, now=None) -> Node:
     """Record contact from a node's agent; an enrolling or lost node becomes ready."""
     now = now or timezone.now()
-    if node.state in CONTACT_REVIVES:
-        if _transition(node, CONTACT_REVIVES, NodeState.READY, now, last_seen=now):
-            return node
+    if node.state in CONTACT_REVIVES and _transition(node, CONTACT_REVIVES, NodeState.READY, now, last_seen=now):
+        return node
     if node.last_seen is None or now - node.last_seen >= SEEN_RESOLUTION:
         Node.objects.filter(pk=node.pk).update(last_seen=now)
         node.last_seen = now

@@ -20,8 +20,13 @@ class NewOrganization:
     token: str
 
 
-def create_organization(name: str, admin_email: str, *, password: str | None = None,
-                        token_name: str = "initial admin token") -> NewOrganization:
+def create_organization(
+    name: str,
+    admin_email: str,
+    *,
+    password: str | None = None,
+    token_name: str = "initial admin token",  # noqa: S107  (a label, not a secret)
+) -> NewOrganization:
     """Create an organization, its owner (or reuse the user with that email) and a write token."""
     User = get_user_model()
     with transaction.atomic():

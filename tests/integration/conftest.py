@@ -60,7 +60,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 class Process:
     def __init__(self, argv, env, log: Path):
         self.log = log
-        self._fh = open(log, "wb")
+        self._fh = open(log, "wb")  # noqa: SIM115  (closed in stop(), outlives this call)
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 

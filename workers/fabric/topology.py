@@ -216,7 +216,7 @@ def parse_topology(doc: Any) -> Topology:
                 errors.add(f"{where}.id: duplicate link id {link_id!r} (first at {link_ids[link_id]})")
             else:
                 link_ids[link_id] = where
-        for end, value in zip(("a", "b"), ends):
+        for end, value in zip(("a", "b"), ends, strict=True):
             if value is not None and value not in endpoints:
                 kind = "a host (links join NICs and switches)" if value in host_names else "not a NIC or switch"
                 errors.add(f"{where}.{end}: {value!r} is {kind}")

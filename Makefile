@@ -1,0 +1,41 @@
+# Lockstep: `make demo` runs the console with a demo cluster, `make test` runs the test suite.
+# Both create the virtual environment and install what they need on a fresh machine.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements/*.txt | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-sqlite lint host-packages clean
+
+$(STAMP): requirements/console.txt requirements/agent.txt requirements/dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+host-packages:
+	@./scripts/setup-host.sh
+
+# The console on embedded defaults (SQLite, in-memory channel layer, tasks in-process) with an
+# emulated demo cluster; agents talk often so faults show within seconds.
+demo: $(STAMP) host-packages
+	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
+		$(BIN)/python manage.py demo
+
+# The whole suite. With DATABASE_URL and REDIS_URL set (CI) it runs on PostgreSQL + Redis.
+test: $(STAMP) host-packages
+	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# The console and agent tests on embedded defaults (SQLite, no Redis).
+test-sqlite: $(STAMP)
+	env -u DATABASE_URL -u REDIS_URL $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	shellcheck -s sh scripts/*.sh .ci/run
+
+clean:
+	rm -rf $(VENV) var build .pytest_cache .ruff_cache

@@ -1,0 +1,46 @@
+import logging
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from console.core.demo import PASSWORD, USERNAME, seed_demo
+from console.core.management.commands.serve import serve
+
+
+class Command(BaseCommand):
+    help = ("Run the console with a demo cluster: migrate, seed an organization, its owner and a cluster, "
+            "bring up an emulated fabric with real agents (root and network namespaces needed), inject a "
+            "fault now and then, and serve the console until Ctrl-C.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--hosts", type=int, default=8, help="Hosts in the demo fabric (default 8).")
+        parser.add_argument("--rails", type=int, default=2, help="NICs per host, one rail each (default 2).")
+        parser.add_argument("--fault-every", type=float, default=45.0, help="Seconds between faults (default 45).")
+
+    def handle(self, *args, port, hosts, rails, fault_every, **options):
+        from testbed.demo import EmulatedDemo
+        from testbed.topogen import generate
+
+        logging.getLogger("lockstep.demo").setLevel(logging.INFO)
+        call_command("migrate", verbosity=0)
+        topology = generate(hosts=hosts, rails=rails, hosts_per_leaf=max(1, hosts // 2), spines=2,
+                            name=f"demo-rail{rails}-h{hosts}")
+        seed = seed_demo(topology)
+        reason = EmulatedDemo.unavailable_reason()
+        if reason is not None:
+            raise CommandError(f"the demo's emulated cluster cannot run here: {reason}")
+        demo = EmulatedDemo(topology, fault_every_s=fault_every)
+        bridge = demo.up()
+        try:
+            demo.start(port, seed.enrollment_token, seed.cluster.pk)
+            self.stdout.write(self.style.SUCCESS(
+                f"\nLockstep console: http://127.0.0.1:{port}/   login: {USERNAME} / {PASSWORD}\n"
+                f"Cluster {seed.cluster.name!r}: {hosts} hosts x {rails} rails in network namespaces, agents "
+                f"reach the console at http://{bridge}:{port}; a fault every {fault_every:.0f}s.\n"
+                f"Database: {settings.DATABASES['default']['NAME']}. Ctrl-C stops the demo and removes the fabric.\n"
+            ))
+            serve("127.0.0.1", port, [bridge], beat=not settings.REDIS_URL)
+        finally:
+            demo.stop()
