@@ -150,6 +150,8 @@ class TopologySummarySerializer(serializers.Serializer):
 class PathsSerializer(serializers.Serializer):
     src = serializers.CharField()
     dst = serializers.CharField()
-    count = serializers.IntegerField()
+    hops = serializers.IntegerField(allow_null=True, help_text="Links on a shortest path; null if unreachable.")
+    count = serializers.IntegerField(help_text="Number of ECMP paths.")
     paths = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    truncated = serializers.BooleanField(help_text="True when more paths exist than `limit` listed.")
 

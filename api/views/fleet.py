@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.db.models import Count
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -24,6 +24,7 @@ from api.serializers.fleet import (
     LinkSerializer,
     NicSerializer,
     NodeSerializer,
+    PathsSerializer,
     SwitchSerializer,
     TopologySummarySerializer,
     obj_node_counts,
@@ -33,6 +34,7 @@ from console.commands import dispatch
 from console.fleet import lifecycle
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
+from console.fleet.paths import ecmp_paths
 from console.fleet.status import cluster_status
 from console.fleet.topology_io import export_topology, import_topology
 from console.tenancy.models import Role
@@ -115,6 +117,31 @@ class ClusterViewSet(ScopedModelViewSet):
         token.token = plaintext
         token.install_command = install_command(request, plaintext)
         return Response(EnrollmentTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("src", str, required=True, description="Source NIC name (e.g. node0000/nic0)."),
+            OpenApiParameter("dst", str, required=True, description="Destination NIC name."),
+            OpenApiParameter("limit", int, description="At most this many paths listed (default 64, max 1024)."),
+        ],
+        responses={200: PathsSerializer},
+        description="The equal-cost shortest paths (ECMP) between two NICs, as lists of link ids.",
+    )
+    @action(detail=True, methods=["get"], filterset_class=None)
+    def paths(self, request, pk=None):
+        cluster = self.get_object()
+        src, dst = request.query_params.get("src", ""), request.query_params.get("dst", "")
+        try:
+            limit = min(max(int(request.query_params.get("limit", 64)), 1), 1024)
+        except ValueError:
+            raise exceptions.ValidationError({"limit": "must be an integer"}) from None
+        if not src or not dst:
+            raise exceptions.ValidationError({"src" if not src else "dst": "required (a NIC name)"})
+        try:
+            return Response(ecmp_paths(cluster, src, dst, limit))
+        except KeyError as exc:
+            field, _, problem = exc.args[0].partition(": ")
+            raise exceptions.ValidationError({field: problem}) from None
 
     @extend_schema(responses={200: dict}, description="Compact health of every element: the polling fallback "
                    "of the live map (same data the websocket pushes).")

@@ -144,3 +144,22 @@ def test_nics_an_agent_reported_are_adopted_by_the_topology(cluster, topology_do
     import_topology(cluster, topology_doc)
     adopted = Nic.objects.get(pk=reported.pk)
     assert adopted.in_topology and adopted.name == "node0/nic0" and adopted.mac == "02:00:00:00:00:01"
+
+
+def test_the_api_lists_the_ecmp_paths_between_two_nics(world, cluster, topology_doc):
+    import_topology(cluster, topology_doc)
+    client = world.client("bob", scope="read")
+    url = f"/api/v1/clusters/{cluster.pk}/paths/"
+    # node0 and node2 are on different leaves of rail 0: two spines, two paths of four links.
+    body = client.get(url, {"src": "node0/nic0", "dst": "node2/nic0"}).json()
+    assert body["hops"] == 4 and body["count"] == 2 and not body["truncated"]
+    assert sorted(body["paths"]) == [
+        ["node0/nic0~leaf-r0-0", f"leaf-r0-0~spine-{s}#0", f"leaf-r0-1~spine-{s}#0", "node2/nic0~leaf-r0-1"]
+        for s in (0, 1)
+    ]
+    same_leaf = client.get(url, {"src": "node0/nic0", "dst": "node1/nic0", "limit": 1}).json()
+    assert same_leaf["hops"] == 2 and same_leaf["count"] == 1
+    truncated = client.get(url, {"src": "node0/nic0", "dst": "node2/nic0", "limit": 1}).json()
+    assert len(truncated["paths"]) == 1 and truncated["truncated"]
+    unknown = client.get(url, {"src": "node0/nic0", "dst": "node9/nic0"})
+    assert unknown.status_code == 400 and "node9/nic0" in unknown.json()["fields"]["dst"]
