@@ -40,6 +40,8 @@ def ecmp_paths(cluster: Cluster, src: str, dst: str, limit: int) -> dict:
     for role, name in (("src", src), ("dst", dst)):
         if name not in index.nic_index:
             raise KeyError(f"{role}: {name!r} is not a NIC of this cluster's topology")
+    if src == dst:
+        raise KeyError("dst: the same NIC as src")
     count = index.count_paths(src, dst)
     try:
         paths = index.paths(src, dst, limit=limit)

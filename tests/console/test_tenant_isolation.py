@@ -41,7 +41,7 @@ def _targets(world, fleet):
         f"/api/v1/clusters/{c}/topology/": ["get", "put"],
         f"/api/v1/clusters/{c}/enrollment-tokens/": ["get", "post"],
         f"/api/v1/clusters/{c}/status/": ["get"],
-        f"/api/v1/clusters/{c}/paths/?src={fleet.node.name}/nic0&dst={fleet.nic.node.name}/nic0": ["get"],
+        f"/api/v1/clusters/{c}/paths/?src={fleet.node.name}/nic0&dst={fleet.node.name[:-1]}1/nic0": ["get"],
         f"/api/v1/nodes/{n}/": ["get"],
         f"/api/v1/nodes/{n}/inventory/": ["get"],
         f"/api/v1/nodes/{n}/commands/": ["get", "post"],

@@ -163,3 +163,5 @@ def test_the_api_lists_the_ecmp_paths_between_two_nics(world, cluster, topology_
     assert len(truncated["paths"]) == 1 and truncated["truncated"]
     unknown = client.get(url, {"src": "node0/nic0", "dst": "node9/nic0"})
     assert unknown.status_code == 400 and "node9/nic0" in unknown.json()["fields"]["dst"]
+    same = client.get(url, {"src": "node0/nic0", "dst": "node0/nic0"})
+    assert same.status_code == 400 and same.json()["fields"] == {"dst": "the same NIC as src"}
