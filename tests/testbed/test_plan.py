@@ -13,8 +13,7 @@ from testbed.plan import MGMT_IFNAME, default_mgmt_subnet, ns_re, root_link_re
 from workers.fabric.topology import parse_topology
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = next((c / "scenarios" for c in (REPO.parent / "shared", REPO.parent.parent / "shared")
-                  if (c / "scenarios").is_dir()), None)
+SCENARIOS = REPO / "tests" / "data" / "scenarios"  # a copy of shared/scenarios
 
 
 def plan_of(doc, prefix="lt", mgmt="10.201.0.0/16"):
@@ -104,8 +103,6 @@ def test_hosts_route_per_nic_and_fall_back_when_a_nic_is_down():
 
 
 def test_shared_scenario_topologies_can_be_emulated():
-    if SCENARIOS is None:
-        pytest.skip("the shared scenarios (../shared/scenarios) are not on this machine")
     files = sorted(SCENARIOS.glob("*/topology.json"))
     assert files
     for path in files:
