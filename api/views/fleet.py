@@ -32,6 +32,7 @@ from api.serializers.fleet import (
 from api.viewsets import ScopedModelViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 from console.commands import dispatch
 from console.fleet import lifecycle
+from console.fleet.events import cluster_changed
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.paths import ecmp_paths
@@ -63,11 +64,18 @@ class ClusterViewSet(ScopedModelViewSet):
         if org_id is None:
             raise exceptions.ValidationError({"organization": "you are not a member of any organization"})
         self.require_role(org_id)
-        serializer.save(organization_id=org_id)
+        cluster = serializer.save(organization_id=org_id)
+        cluster_changed(org_id, cluster.pk)
+
+    def perform_update(self, serializer):
+        super().perform_update(serializer)
+        cluster_changed(serializer.instance.organization_id, serializer.instance.pk)
 
     def perform_destroy(self, instance):
         self.require_role(instance.organization_id, Role.OWNER)
+        organization_id, pk = instance.organization_id, instance.pk
         instance.delete()
+        cluster_changed(organization_id, pk, deleted=True)
 
     @extend_schema(
         methods=["GET"], responses={200: dict},

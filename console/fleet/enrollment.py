@@ -8,8 +8,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.fleet.events import node_changed
 from console.fleet.models import EnrollmentToken, Node, NodeCredential, NodeState
-from console.live.publish import publish
 
 FACT_LIMITS = {"hostname": 255, "machine_id": 64}
 OPTIONAL_FACTS = ("boot_id", "kernel", "os", "arch", "cpu_model", "cpu_count", "memory_bytes", "agent_version")
@@ -87,9 +87,7 @@ def enroll(token_plaintext, host, cluster_id=None) -> Enrollment:
         plaintext = credential.set_new_secret()
         credential.save()
         EnrollmentToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used=now)
-        from console.fleet.inventory import node_event
-
-        publish(node.organization_id, node.cluster_id, "node", node_event(node), key=str(node.pk))
+        node_changed(node)
     return Enrollment(node, plaintext)
 
 

@@ -7,8 +7,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.core.models import Health
+from console.fleet.events import node_changed
 from console.fleet.models import Gpu, Nic, Node
-from console.live.publish import publish
 
 FORMAT = "lockstep.inventory/v1"
 RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
@@ -76,7 +76,7 @@ def apply_inventory(node: Node, doc) -> dict:
         node.save(update_fields=["facts", "hostname", "inventory", "inventory_at", "updated"])
         nics = _apply_nics(node, doc.get("nics", []))
         gpus = _apply_gpus(node, doc.get("gpus", []), doc.get("affinity", []), nics)
-        publish(node.organization_id, node.cluster_id, "node", node_event(node))
+        node_changed(node)
     return {"gpus": gpus, "nics": len(doc.get("nics", []))}
 
 
@@ -142,15 +142,3 @@ def _apply_gpus(node: Node, reported: list[dict], affinity: list[dict], nics: di
         gpu.save()
     Gpu.objects.filter(pk__in=[g.pk for g in existing.values()]).delete()
     return len(reported)
-
-
-def node_event(node: Node) -> dict:
-    """What browsers need to redraw one node."""
-    return {
-        "id": node.pk,
-        "name": node.name,
-        "state": node.state,
-        "health": node.health,
-        "last_seen": node.last_seen.isoformat() if node.last_seen else None,
-    }
-

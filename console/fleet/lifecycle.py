@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.fleet.events import node_changed
 from console.fleet.models import Node, NodeCredential, NodeState
-from console.live.publish import publish
 
 # A node heard from this recently is not written again (agents talk every few seconds).
 SEEN_RESOLUTION = timedelta(seconds=5)
@@ -69,8 +69,6 @@ def retire(node: Node) -> None:
 
 
 def _transition(node: Node, from_states, to_state, now=None, extra_filter=None, **fields) -> bool:
-    from console.fleet.inventory import node_event
-
     now = now or timezone.now()
     updated = Node.objects.filter(pk=node.pk, state__in=list(from_states), **(extra_filter or {})).update(
         state=to_state, state_changed=now, updated=now, **fields
@@ -80,5 +78,5 @@ def _transition(node: Node, from_states, to_state, now=None, extra_filter=None, 
     node.state, node.state_changed = to_state, now
     for key, value in fields.items():
         setattr(node, key, value)
-    publish(node.organization_id, node.cluster_id, "node", node_event(node), key=str(node.pk))
+    node_changed(node)
     return True

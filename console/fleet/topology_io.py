@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from console.fleet.events import cluster_changed
 from console.fleet.models import Cluster, Link, Nic, Node, Switch
 from console.live.publish import publish
 from workers.fabric.topology import FORMAT, Topology, parse_topology
@@ -56,7 +57,7 @@ def import_topology(cluster: Cluster, document) -> ImportSummary:
         cluster.topology_imported_at = timezone.now()
         cluster.save(update_fields=["topology_name", "topology_imported_at", "updated"])
         publish(cluster.organization_id, cluster.pk, "topology", {"id": cluster.pk, **summary.as_dict()})
-        publish(cluster.organization_id, None, "cluster", {"id": cluster.pk, "topology_name": topology.name})
+        cluster_changed(cluster.organization_id, cluster.pk, topology_name=topology.name)
     return summary
 
 

@@ -9,6 +9,7 @@ from datetime import timezone as dt_timezone
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils.dateparse import parse_datetime
 
 from console.fleet.models import Node
@@ -101,7 +102,7 @@ def ingest(node: Node, payload, max_records: int) -> IngestResult:
             )
             Node.objects.filter(pk=node.pk).update(
                 telemetry_dropped=F("telemetry_dropped") + dropped,
-                telemetry_seq=seq if seq > node.telemetry_seq else F("telemetry_seq"),
+                telemetry_seq=Greatest(F("telemetry_seq"), seq),
             )
     except IntegrityError:
         # The same batch, retried concurrently, was stored first.
