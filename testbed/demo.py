@@ -18,6 +18,7 @@ from testbed.netops import netns_problem
 
 log = logging.getLogger("lockstep.demo")
 PREFIX = "demo"
+FAULT_KINDS = ("host-stall", "nic-down")
 
 # What the agents in the demo are told: talk often, so faults show within seconds.
 AGENT_ENV = {
@@ -30,9 +31,12 @@ AGENT_ENV = {
 class EmulatedDemo:
     """An emulated fabric with an agent per host and a fault loop on a thread."""
 
-    def __init__(self, topology: dict, *, fault_every_s: float = 45.0, fault_for_s: float = 40.0,
-                 seed: int | None = None) -> None:
-        self.topology = topology
+    def __init__(self, topology: dict, *, prefix: str = PREFIX, fault_every_s: float = 45.0,
+                 fault_for_s: float = 40.0, faults: tuple[str, ...] = FAULT_KINDS, seed: int | None = None) -> None:
+        unknown = set(faults) - set(FAULT_KINDS)
+        if unknown or not faults:
+            raise ValueError(f"fault kinds must be some of {', '.join(FAULT_KINDS)}; got {', '.join(faults) or 'none'}")
+        self.topology, self.prefix, self.faults = topology, prefix, tuple(faults)
         self.fault_every_s, self.fault_for_s = fault_every_s, fault_for_s
         self.random = random.Random(seed)
         self.fabric: Fabric | None = None
@@ -45,8 +49,8 @@ class EmulatedDemo:
 
     def up(self) -> str:
         """Build the fabric; returns the address the console must also listen on."""
-        Fabric.down_all(prefixes=[PREFIX])  # leftovers of a demo that was killed
-        self.fabric = Fabric.up(self.topology, prefix=PREFIX)
+        Fabric.down_all(prefixes=[self.prefix])  # leftovers of a demo that was killed
+        self.fabric = Fabric.up(self.topology, prefix=self.prefix)
         return self.fabric.bridge_address
 
     def start(self, port: int, token: str, cluster_id: int) -> None:
@@ -73,7 +77,7 @@ class EmulatedDemo:
         fabric = self.fabric
         hosts = [h["name"] for h in self.topology["hosts"]]
         nics = [n["name"] for n in self.topology["nics"]]
-        if self.random.random() < 0.5:
+        if self.random.choice(self.faults) == "host-stall":
             host = self.random.choice(hosts)
             fault = fabric.fault_host_stall(host)
             log.info("demo: froze host %s for %.0fs: its node turns lost, then ready again", host, self.fault_for_s)

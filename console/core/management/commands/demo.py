@@ -18,8 +18,12 @@ class Command(BaseCommand):
         parser.add_argument("--hosts", type=int, default=8, help="Hosts in the demo fabric (default 8).")
         parser.add_argument("--rails", type=int, default=2, help="NICs per host, one rail each (default 2).")
         parser.add_argument("--fault-every", type=float, default=45.0, help="Seconds between faults (default 45).")
+        parser.add_argument("--fault-for", type=float, default=40.0, help="Seconds each fault lasts (default 40).")
+        parser.add_argument("--prefix", default="demo", help="Name prefix of the emulated fabric (default demo).")
+        parser.add_argument("--faults", default="host-stall,nic-down",
+                            help="Fault kinds to draw from, comma-separated (default host-stall,nic-down).")
 
-    def handle(self, *args, port, hosts, rails, fault_every, **options):
+    def handle(self, *args, port, hosts, rails, fault_every, fault_for, prefix, faults, **options):
         from testbed.demo import EmulatedDemo
         from testbed.topogen import generate
 
@@ -31,7 +35,11 @@ class Command(BaseCommand):
         reason = EmulatedDemo.unavailable_reason()
         if reason is not None:
             raise CommandError(f"the demo's emulated cluster cannot run here: {reason}")
-        demo = EmulatedDemo(topology, fault_every_s=fault_every)
+        try:
+            demo = EmulatedDemo(topology, prefix=prefix, fault_every_s=fault_every, fault_for_s=fault_for,
+                                faults=tuple(f.strip() for f in faults.split(",") if f.strip()))
+        except ValueError as exc:
+            raise CommandError(f"--faults: {exc}") from None
         bridge = demo.up()
         try:
             demo.start(port, seed.enrollment_token, seed.cluster.pk)
