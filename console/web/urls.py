@@ -6,10 +6,13 @@ from console.web import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
-    path("login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),
+    path("login/", auth_views.LoginView.as_view(template_name="web/login.html", redirect_authenticated_user=True),
+         name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("organizations/switch/", views.switch_organization, name="switch-organization"),
     path("clusters/", views.clusters, name="clusters"),
     path("clusters/<int:pk>/", views.cluster, name="cluster"),
     path("clusters/<int:pk>/status.json", views.cluster_status_json, name="cluster-status"),
+    path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
+         name="revoke-enrollment-token"),
 ]

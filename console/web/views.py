@@ -1,25 +1,37 @@
-"""Browser pages: thin views over the same scoped queries as the API."""
+"""Browser pages: thin views over the same scoped queries as the API.
+
+Every object is looked up through the request's `Scope`, so another organization's cluster,
+token or status answers 404 exactly like one that does not exist. Writes need the operator role
+in the object's organization; a forged POST without it answers 403 and changes nothing.
+"""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
-from console.fleet.status import cluster_status
-from console.fleet.topology_io import export_topology
 from console.live.groups import cluster_group, organization_group
+from console.live.publish import publish
 from console.tenancy.models import Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY, Scope
-from workers.fabric.layout import layout
-from workers.fabric.topology import parse_topology
+from console.web.maps import cluster_map, map_status
+from console.web.svg import render_map
 
-# Above this many cables the map shows switches and hosts without per-NIC cables.
-MAP_MAX_LINKS = 6000
+# A clusters page subscribes to its organization's group and to this many cluster groups (the
+# websocket accepts 50 per subscription).
+MAX_LIVE_CLUSTERS = 49
+TOKENS_SHOWN = 20
 
 
 def _cluster_or_404(request, pk: int) -> Cluster:
@@ -27,6 +39,11 @@ def _cluster_or_404(request, pk: int) -> Cluster:
     if cluster is None:
         raise Http404("No such cluster.")
     return cluster
+
+
+def _require_operator(request, organization_id: int) -> None:
+    if not Scope.for_request(request).can(organization_id, Role.OPERATOR):
+        raise PermissionDenied("Your role in this organization does not allow this change.")
 
 
 @require_GET
@@ -54,75 +71,77 @@ def switch_organization(request):
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def clusters(request):
     scope = Scope.for_request(request)
     org_id = scope.default_organization_id
     if request.method == "POST":
-        if not scope.can(org_id, Role.OPERATOR):
-            messages.error(request, "Your role does not allow creating clusters.")
-            return redirect("clusters")
-        name = request.POST.get("name", "").strip()
-        if not name or len(name) > 100:
-            messages.error(request, "A cluster needs a name of 1 to 100 characters.")
-        elif Cluster.objects.filter(organization_id=org_id, name=name).exists():
-            messages.error(request, f"A cluster named {name!r} already exists.")
-        else:
-            cluster = Cluster.objects.create(organization_id=org_id, name=name)
-            return redirect("cluster", pk=cluster.pk)
-        return redirect("clusters")
-    rows = Cluster.objects.filter(organization_id=org_id) if org_id else Cluster.objects.none()
-    counts = {}
-    for node in Node.objects.filter(cluster__in=rows).values("cluster_id", "state"):
-        counts.setdefault(node["cluster_id"], {}).setdefault(node["state"], 0)
-        counts[node["cluster_id"]][node["state"]] += 1
+        if org_id is None:
+            raise Http404("No active organization.")
+        _require_operator(request, org_id)
+        return _create_cluster(request, org_id)
+    rows = list(Cluster.objects.filter(organization_id=org_id)) if org_id else []
+    counts: dict[int, dict[str, int]] = {}
+    for row in Node.objects.filter(cluster__in=rows).values("cluster_id", "state").annotate(n=Count("id")):
+        per_cluster = counts.setdefault(row["cluster_id"], {"total": 0})
+        per_cluster[row["state"]] = row["n"]
+        per_cluster["total"] += row["n"]
+    live_groups = []
+    if org_id:
+        live_groups = [organization_group(org_id)] + [cluster_group(org_id, c.pk) for c in rows[:MAX_LIVE_CLUSTERS]]
     return render(request, "web/clusters.html", {
         "clusters": [(c, counts.get(c.pk, {})) for c in rows],
         "can_write": scope.can(org_id, Role.OPERATOR),
-        "live_groups": [organization_group(org_id)] if org_id else [],
+        "live_groups": live_groups,
     })
+
+
+def _create_cluster(request, org_id: int):
+    name = request.POST.get("name", "").strip()
+    if not name or len(name) > 100:
+        messages.error(request, "A cluster needs a name of 1 to 100 characters.")
+        return redirect("clusters")
+    try:
+        with transaction.atomic():
+            cluster = Cluster.objects.create(organization_id=org_id, name=name)
+            publish(org_id, None, "cluster", {"id": cluster.pk, "name": cluster.name})
+    except IntegrityError:
+        messages.error(request, f"A cluster named {name!r} already exists.")
+        return redirect("clusters")
+    messages.success(request, f"Cluster {name!r} created.")
+    return redirect("cluster", pk=cluster.pk)
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def cluster(request, pk: int):
     cluster = _cluster_or_404(request, pk)
-    scope = Scope.for_request(request)
-    can_write = scope.can(cluster.organization_id, Role.OPERATOR)
     created_token = None
     if request.method == "POST":
-        if not can_write:
-            messages.error(request, "Your role does not allow creating enrollment tokens.")
-            return redirect("cluster", pk=pk)
+        _require_operator(request, cluster.organization_id)
         created_token = _create_enrollment_token(request, cluster)
-    topology = parse_topology(export_topology(cluster)) if cluster.topology_imported_at else None
-    drawing = None
-    if topology is not None and topology.links:
-        if len(topology.links) > MAP_MAX_LINKS:
-            topology = _without_access_links(topology)
-        drawing = layout(topology)
-    return render(request, "web/cluster.html", {
+    drawing = cluster_map(cluster)
+    status = map_status(cluster, drawing)
+    health = {kind: {row["name"]: row["health"] for row in status.get(key, ())} for kind, key in
+              (("node", "nodes"), ("switch", "switches"), ("nic", "nics"), ("link", "links"), ("bundle", "bundles"))}
+    response = render(request, "web/cluster.html", {
         "cluster": cluster,
-        "nodes": Node.objects.filter(cluster=cluster).order_by("position", "name"),
+        "nodes": Node.objects.filter(cluster=cluster).only("id", "name", "state", "last_seen", "agent_version")
+        .annotate(gpu_count=Count("gpus")).order_by("position", "name"),
         "drawing": drawing,
-        "can_write": can_write,
+        "can_write": Scope.for_request(request).can(cluster.organization_id, Role.OPERATOR),
         "created_token": created_token,
-        "tokens": EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")[:10],
+        "tokens": EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")[:TOKENS_SHOWN],
         "live_groups": [cluster_group(cluster.organization_id, cluster.pk)],
-        "status": cluster_status(cluster),
-    })
-
-
-def _without_access_links(topology):
-    from workers.fabric.topology import Topology
-
-    links = tuple(link for link in topology.links if topology.is_switch(link.a) and topology.is_switch(link.b))
-    return Topology(name=topology.name, hosts=topology.hosts, switches=topology.switches, nics=(), links=links)
+        "status": status,
+        "map_svg": render_map(drawing, health, f"Fabric topology of {cluster.name}") if drawing else None,
+    }, status=201 if created_token else 200)
+    if created_token:
+        response["Cache-Control"] = "no-store"  # the token is shown once; keep it out of caches
+    return response
 
 
 def _create_enrollment_token(request, cluster: Cluster) -> dict | None:
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     try:
         hours = int(request.POST.get("expires_hours", "24"))
         max_uses = request.POST.get("max_uses", "").strip()
@@ -135,15 +154,33 @@ def _create_enrollment_token(request, cluster: Cluster) -> dict | None:
         return None
     token = EnrollmentToken(
         organization_id=cluster.organization_id, cluster=cluster, created_by=request.user,
-        description=request.POST.get("description", "")[:200], expires=timezone.now() + timedelta(hours=hours),
-        max_uses=max_uses,
+        description=request.POST.get("description", "").strip()[:200],
+        expires=timezone.now() + timedelta(hours=hours), max_uses=max_uses,
     )
     plaintext = token.set_new_secret()
     token.save()
-    return {"token": plaintext, "install_command": install_command(request, plaintext), "expires": token.expires}
+    return {"token": plaintext, "install_command": install_command(request, plaintext), "expires": token.expires,
+            "prefix": token.prefix_display}
 
 
 @login_required
-def cluster_status_json(request, pk: int):
-    return JsonResponse(cluster_status(_cluster_or_404(request, pk)))
+@require_POST
+def revoke_enrollment_token(request, pk: int, token_pk: int):
+    cluster = _cluster_or_404(request, pk)
+    token = EnrollmentToken.objects.filter(cluster=cluster, pk=token_pk).first()
+    if token is None:
+        raise Http404("No such enrollment token.")
+    _require_operator(request, cluster.organization_id)
+    if token.is_revoked:
+        messages.info(request, f"Token {token.prefix_display} was already revoked.")
+    else:
+        token.revoke()
+        messages.success(request, f"Token {token.prefix_display} revoked: agents can no longer enroll with it.")
+    return redirect("cluster", pk=cluster.pk)
 
+
+@login_required
+@require_GET
+def cluster_status_json(request, pk: int):
+    cluster = _cluster_or_404(request, pk)
+    return JsonResponse(map_status(cluster, cluster_map(cluster)))

@@ -1,32 +1,66 @@
 """Positions for drawing a fabric as layered SVG: hosts at the bottom, each switch layer above
 at its hop distance from the NICs (leaf, spine, core), ordered to keep cables short.
 
+Two drawings, chosen by size:
+
+- **Full** (at most `FULL_MAX_LINKS` cables): every host with its NICs, every switch, every cable.
+- **Aggregated** (larger fabrics; the 9,216-GPU one has ~24k cables): a browser cannot draw and
+  recolor tens of thousands of lines without stalling, and nobody can read them. Elements are
+  gathered into *groups* of structurally equivalent members: hosts cabled to the same set of
+  switches (a scalable unit), then, layer by layer upwards, switches cabled to the same set of
+  groups below (the leaves of a unit, the spines of a pod, a core plane). Every host and switch
+  is still drawn, as a small cell inside its group's box, so each keeps its own health color;
+  the cables between two groups are drawn as one *bundle* whose health summarizes its members.
+  A layer never has more than `MAX_GROUPS_PER_LAYER` groups (consecutive groups are merged), so
+  the drawing stays small whatever the wiring.
+
 Pure: a Topology in, coordinates out.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from workers.fabric.topology import Topology
 
+# Full drawing.
 NIC_PITCH = 14  # horizontal space per NIC inside a host box
 HOST_GAP = 10
-SWITCH_W, SWITCH_H = 70, 22
+SWITCH_W, SWITCH_H = 84, 22
 LAYER_GAP = 110
 MARGIN = 20
 HOST_H = 34
+
+# Aggregated drawing.
+FULL_MAX_LINKS = 2500
+MAX_GROUPS_PER_LAYER = 48
+CELL = 10  # pitch of member cells inside a group box
+CELL_SIZE = 8
+GROUP_COLS = 16
+GROUP_PAD = 6
+GROUP_LABEL_H = 16
+GROUP_MIN_W = 96
+GROUP_GAP = 14
+AGG_LAYER_GAP = 90
 
 
 @dataclass
 class Layout:
     width: int
     height: int
+    aggregated: bool = False
     hosts: list[dict] = field(default_factory=list)
     nics: list[dict] = field(default_factory=list)
     switches: list[dict] = field(default_factory=list)
     links: list[dict] = field(default_factory=list)
+    groups: list[dict] = field(default_factory=list)
+    bundles: list[dict] = field(default_factory=list)
+
+    @property
+    def bundle_of_link(self) -> dict[str, str]:
+        return {link: b["id"] for b in self.bundles for link in b["links"]}
 
 
 def switch_levels(topology: Topology) -> dict[str, int]:
@@ -47,7 +81,15 @@ def switch_levels(topology: Topology) -> dict[str, int]:
     return {s.name: level.get(s.name, top) for s in topology.switches}
 
 
-def layout(topology: Topology) -> Layout:
+def layout(topology: Topology, full_max_links: int | None = None) -> Layout:
+    """The drawing of a fabric: full when it has at most `full_max_links` (default
+    `FULL_MAX_LINKS`) cables, else aggregated."""
+    if len(topology.links) > (FULL_MAX_LINKS if full_max_links is None else full_max_links):
+        return aggregated_layout(topology)
+    return full_layout(topology)
+
+
+def full_layout(topology: Topology) -> Layout:
     levels = switch_levels(topology)
     max_level = max(levels.values(), default=0)
     nics_by_host: dict[str, list[str]] = defaultdict(list)
@@ -64,7 +106,7 @@ def layout(topology: Topology) -> Layout:
         hosts.append({"name": host.name, "x": x, "y": host_y, "w": width, "h": HOST_H})
         for i, nic in enumerate(host_nics):
             nx, ny = x + 4 + NIC_PITCH * i + NIC_PITCH / 2, host_y + 6
-            nics.append({"name": nic, "x": nx, "y": ny})
+            nics.append({"name": nic, "host": host.name, "x": nx, "y": ny})
             position[nic] = (nx, ny)
         x += width + HOST_GAP
     width = max(x, MARGIN * 2 + SWITCH_W)
@@ -92,7 +134,8 @@ def layout(topology: Topology) -> Layout:
         y = MARGIN + (max_level - level) * LAYER_GAP
         for i, name in enumerate(names):
             sx = MARGIN + (span * (i + 0.5) / count if count else 0)
-            switches.append({"name": name, "x": sx, "y": y, "w": SWITCH_W, "h": SWITCH_H, "tier": tiers[name]})
+            switches.append({"name": name, "x": sx, "y": y, "w": SWITCH_W, "h": SWITCH_H, "tier": tiers[name],
+                             "level": level})
             position[name] = (sx + SWITCH_W / 2, y + SWITCH_H)
     # Cables: from the bottom edge of the upper end to the lower end.
     top_edge = {s["name"]: (s["x"] + SWITCH_W / 2, s["y"]) for s in switches}
@@ -104,6 +147,189 @@ def layout(topology: Topology) -> Layout:
             x1, y1 = top_edge.get(a, (x1, y1))
         else:
             x2, y2 = top_edge.get(b, (x2, y2))
-        links.append({"id": link.id, "x1": x1, "y1": y1, "x2": x2, "y2": y2})
+        links.append({"id": link.id, "a": a, "b": b, "x1": x1, "y1": y1, "x2": x2, "y2": y2})
     return Layout(width=int(width), height=int(host_y + HOST_H + MARGIN), hosts=hosts, nics=nics,
                   switches=switches, links=links)
+
+
+# --- aggregated drawing ---------------------------------------------------------------------
+
+
+def _classes(members: list[str], signature: dict[str, frozenset]) -> list[list[str]]:
+    """Members with equal signatures, in order of first appearance."""
+    by_sig: dict[frozenset, list[str]] = {}
+    for m in members:
+        by_sig.setdefault(signature[m], []).append(m)
+    return list(by_sig.values())
+
+
+def _cap(classes: list[list[str]], limit: int) -> list[list[str]]:
+    """Merge consecutive classes so that there are at most `limit`."""
+    if len(classes) <= limit:
+        return classes
+    n = len(classes)
+    return [[m for c in classes[i * n // limit:(i + 1) * n // limit] for m in c] for i in range(limit)]
+
+
+def _label(members: list[str], noun: str) -> str:
+    if len(members) == 1:
+        return members[0]
+    return f"{members[0]} … {members[-1]} ({len(members)} {noun})"
+
+
+def _short_label(members: list[str]) -> str:
+    return members[0] if len(members) == 1 else f"{members[0]} +{len(members) - 1}"
+
+
+def aggregated_layout(topology: Topology) -> Layout:
+    levels = switch_levels(topology)
+    host_of = {nic.name: nic.host for nic in topology.nics}
+    level_of: dict[str, int] = {h.name: 0 for h in topology.hosts} | levels
+
+    def owner(end: str) -> str:  # a NIC is drawn as (part of) its host
+        return host_of.get(end, end)
+
+    adjacency: dict[str, set[str]] = defaultdict(set)
+    for link in topology.links:
+        a, b = owner(link.a), owner(link.b)
+        adjacency[a].add(b)
+        adjacency[b].add(a)
+
+    # Groups, bottom-up: hosts by the switches they are cabled to, then each switch layer by the
+    # groups below it that it is cabled to.
+    group_of: dict[str, str] = {}
+    layer_groups: dict[int, list[list[str]]] = {}
+    hosts = [h.name for h in topology.hosts]
+    signature = {h: frozenset(n for n in adjacency[h] if level_of[n] > 0) for h in hosts}
+    layer_groups[0] = _cap(_classes(hosts, signature), MAX_GROUPS_PER_LAYER)
+    by_level: dict[int, list[str]] = defaultdict(list)
+    for s in topology.switches:
+        by_level[levels[s.name]].append(s.name)
+
+    def assign(level: int) -> None:
+        for i, members in enumerate(layer_groups[level]):
+            for m in members:
+                group_of[m] = f"L{level}G{i}"
+
+    assign(0)
+    for level in sorted(by_level):
+        names = by_level[level]
+        signature = {
+            s: frozenset(group_of[n] for n in adjacency[s] if level_of[n] < level) for s in names
+        }
+        layer_groups[level] = _cap(_classes(names, signature), MAX_GROUPS_PER_LAYER)
+        assign(level)
+
+    # Bundles: the cables between two groups (or within one).
+    bundle_links: dict[tuple[str, str], list[str]] = {}
+    bundle_nics: dict[tuple[str, str], set[str]] = defaultdict(set)
+    group_rank = {f"L{lv}G{i}": (lv, i) for lv, gs in layer_groups.items() for i in range(len(gs))}
+    for link in topology.links:
+        ga, gb = group_of[owner(link.a)], group_of[owner(link.b)]
+        key = (ga, gb) if group_rank[ga] <= group_rank[gb] else (gb, ga)
+        bundle_links.setdefault(key, []).append(link.id)
+        for end in (link.a, link.b):
+            if end in host_of:
+                bundle_nics[key].add(end)
+
+    # Geometry: group boxes sized by their members, layers stacked top (highest level) down.
+    boxes: dict[str, dict] = {}
+    for level, groups in layer_groups.items():
+        for i, members in enumerate(groups):
+            cols = min(len(members), GROUP_COLS)
+            rows = math.ceil(len(members) / GROUP_COLS)
+            w = max(GROUP_MIN_W, 2 * GROUP_PAD + cols * CELL - (CELL - CELL_SIZE))
+            h = GROUP_LABEL_H + GROUP_PAD + rows * CELL
+            boxes[f"L{level}G{i}"] = {"id": f"L{level}G{i}", "level": level, "members": members, "w": w, "h": h,
+                                      "kind": "hosts" if level == 0 else "switches"}
+    width = max(
+        (sum(boxes[f"L{lv}G{i}"]["w"] for i in range(len(gs))) + GROUP_GAP * (len(gs) + 1)
+         for lv, gs in layer_groups.items()),
+        default=0,
+    ) + 2 * MARGIN
+
+    # Horizontal order: hosts in topology order; each layer above by the mean x of its groups below.
+    below_of: dict[str, list[str]] = defaultdict(list)
+    for ga, gb in bundle_links:
+        if group_rank[ga][0] < group_rank[gb][0]:
+            below_of[gb].append(ga)
+    center_x: dict[str, float] = {}
+    levels_sorted = sorted(layer_groups)
+    for level in levels_sorted:
+        ids = [f"L{level}G{i}" for i in range(len(layer_groups[level]))]
+        if level:
+            def barycenter(gid: str) -> tuple[float, int]:
+                xs = [center_x[g] for g in below_of[gid] if g in center_x]
+                return (sum(xs) / len(xs) if xs else math.inf, group_rank[gid][1])
+
+            ids.sort(key=barycenter)
+        total = sum(boxes[g]["w"] for g in ids)
+        gap = (width - 2 * MARGIN - total) / (len(ids) + 1) if ids else 0
+        x = MARGIN + gap
+        for g in ids:
+            boxes[g]["x"] = round(x, 1)
+            center_x[g] = x + boxes[g]["w"] / 2
+            x += boxes[g]["w"] + gap
+    y = MARGIN
+    for level in reversed(levels_sorted):
+        ids = [f"L{level}G{i}" for i in range(len(layer_groups[level]))]
+        for g in ids:
+            boxes[g]["y"] = y
+        y += max((boxes[g]["h"] for g in ids), default=0) + AGG_LAYER_GAP
+    height = y - AGG_LAYER_GAP + MARGIN
+
+    groups, host_cells, switch_cells = [], [], []
+    tiers = {s.name: s.tier for s in topology.switches}
+    for box in sorted(boxes.values(), key=lambda b: (-b["level"], b["x"])):
+        noun = "hosts" if box["level"] == 0 else "switches"
+        groups.append({**box, "label": _label(box["members"], noun), "short": _short_label(box["members"]),
+                       "count": len(box["members"])})
+        for k, name in enumerate(box["members"]):
+            cell = {"name": name, "group": box["id"],
+                    "x": round(box["x"] + GROUP_PAD + (k % GROUP_COLS) * CELL, 1),
+                    "y": box["y"] + GROUP_LABEL_H + (k // GROUP_COLS) * CELL, "w": CELL_SIZE, "h": CELL_SIZE}
+            if box["level"] == 0:
+                host_cells.append(cell)
+            else:
+                switch_cells.append(cell | {"tier": tiers[name], "level": box["level"]})
+
+    bundles = []
+    for n, ((ga, gb), link_ids) in enumerate(bundle_links.items()):
+        a, b = boxes[ga], boxes[gb]
+        if ga == gb:  # cables inside one group: a loop under the box
+            x1, x2, yb = a["x"] + 8, a["x"] + a["w"] - 8, a["y"] + a["h"]
+            d = f"M{x1:g} {yb:g} Q{(x1 + x2) / 2:g} {yb + 30:g} {x2:g} {yb:g}"
+        elif a["level"] == b["level"]:  # same layer: a curve below both
+            x1, x2 = a["x"] + a["w"] / 2, b["x"] + b["w"] / 2
+            y1, y2 = a["y"] + a["h"], b["y"] + b["h"]
+            d = f"M{x1:g} {y1:g} Q{(x1 + x2) / 2:g} {max(y1, y2) + 40:g} {x2:g} {y2:g}"
+        else:  # lower group's top edge to upper group's bottom edge
+            lower, upper = (a, b) if a["level"] < b["level"] else (b, a)
+            d = (f"M{lower['x'] + lower['w'] / 2:g} {lower['y']:g} "
+                 f"L{upper['x'] + upper['w'] / 2:g} {upper['y'] + upper['h']:g}")
+        bundles.append({
+            "id": f"B{n}", "a": ga, "b": gb, "d": d, "count": len(link_ids), "links": link_ids,
+            "nics": sorted(bundle_nics.get((ga, gb), ())),
+            "stroke": round(min(1 + math.log2(len(link_ids)) / 2, 7), 1),
+            "label": f"{len(link_ids)} cables: {_label(a['members'], 'hosts' if a['level'] == 0 else 'switches')}"
+                     f" ↔ {_label(b['members'], 'hosts' if b['level'] == 0 else 'switches')}",
+        })
+    return Layout(width=int(width), height=int(height), aggregated=True, hosts=host_cells,
+                  switches=switch_cells, groups=groups, bundles=bundles)
+
+
+def summarize_health(healths) -> tuple[str, dict[str, int]]:
+    """One health for many members: down if all are down, degraded if any is down or degraded,
+    ok if all are ok, else unknown; with the count per health."""
+    counts: dict[str, int] = {}
+    for h in healths:
+        counts[h] = counts.get(h, 0) + 1
+    total = sum(counts.values())
+    bad = counts.get("down", 0) + counts.get("degraded", 0)
+    if total and counts.get("down", 0) == total:
+        return "down", counts
+    if bad:
+        return "degraded", counts
+    if total and counts.get("ok", 0) == total:
+        return "ok", counts
+    return "unknown", counts
