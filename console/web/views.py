@@ -19,18 +19,15 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.fleet.events import cluster_changed
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
 from console.live.groups import cluster_group, organization_group
-from console.live.publish import publish
 from console.tenancy.models import Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY, Scope
 from console.web.maps import cluster_map, map_status
 from console.web.svg import render_map
 
-# A clusters page subscribes to its organization's group and to this many cluster groups (the
-# websocket accepts 50 per subscription).
-MAX_LIVE_CLUSTERS = 49
 TOKENS_SHOWN = 20
 
 
@@ -86,9 +83,8 @@ def clusters(request):
         per_cluster = counts.setdefault(row["cluster_id"], {"total": 0})
         per_cluster[row["state"]] = row["n"]
         per_cluster["total"] += row["n"]
-    live_groups = []
-    if org_id:
-        live_groups = [organization_group(org_id)] + [cluster_group(org_id, c.pk) for c in rows[:MAX_LIVE_CLUSTERS]]
+    # The organization's group hears of clusters created, changed or deleted, and of node counts moving.
+    live_groups = [organization_group(org_id)] if org_id else []
     return render(request, "web/clusters.html", {
         "clusters": [(c, counts.get(c.pk, {})) for c in rows],
         "can_write": scope.can(org_id, Role.OPERATOR),
@@ -104,7 +100,7 @@ def _create_cluster(request, org_id: int):
     try:
         with transaction.atomic():
             cluster = Cluster.objects.create(organization_id=org_id, name=name)
-            publish(org_id, None, "cluster", {"id": cluster.pk, "name": cluster.name})
+            cluster_changed(org_id, cluster.pk)
     except IntegrityError:
         messages.error(request, f"A cluster named {name!r} already exists.")
         return redirect("clusters")

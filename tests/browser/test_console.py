@@ -8,6 +8,7 @@ import re
 import pytest
 import requests
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
@@ -24,7 +25,9 @@ WAIT_S = 15  # polling runs every 5 s: this leaves room for two rounds on a busy
 
 
 def wait(page, condition, message: str, timeout: float = WAIT_S):
-    return WebDriverWait(page, timeout, poll_frequency=0.1).until(condition, message)
+    # A list page swaps its table when it refreshes: an element found a moment ago may be gone.
+    return WebDriverWait(page, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition, message)
 
 
 def css_class(page, selector: str) -> str:
@@ -161,6 +164,13 @@ def test_the_clusters_list_refreshes_on_topology_events(page, live_console, worl
     cells = page.find_element(By.CSS_SELECTOR, row).text
     assert "fresh" in cells and "n-fabric" in cells
     assert page.find_element(By.CSS_SELECTOR, f'{row} [data-count="enrolling"]').text == "2"
+    # A node changing state moves the counts too.
+    node = next(n for n in api(live_console, world, "alice", "GET", "nodes/", params={"cluster": cluster_id})
+                .json()["results"] if n["name"] == "n0")
+    assert api(live_console, world, "carol", "POST", f"nodes/{node['id']}/drain/").status_code == 200
+    wait(page, lambda p: p.find_element(By.CSS_SELECTOR, f'{row} [data-count="draining"]').text == "1",
+         "the draining count never moved")
+    assert page.find_element(By.CSS_SELECTOR, f'{row} [data-count="enrolling"]').text == "1"
     assert same_page(page)
 
 
