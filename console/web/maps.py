@@ -6,13 +6,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from django.db.models import F
-from django.db.models.functions import Coalesce
-
-from console.fleet.models import Cluster, Link, Nic, Node, Switch
+from console.fleet.models import Cluster
 from console.fleet.status import cluster_status
+from console.fleet.topology_io import export_topology
 from workers.fabric.layout import Layout, layout, summarize_health
-from workers.fabric.topology import FORMAT, parse_topology
+from workers.fabric.topology import parse_topology
 
 CACHE_SIZE = 8
 # Unhealthy members a bundle's details list (the rest are counted).
@@ -34,35 +32,13 @@ def cluster_map(cluster: Cluster) -> Layout | None:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    topology = parse_topology(declared_topology(cluster))
+    topology = parse_topology(export_topology(cluster))
     drawing = layout(topology) if topology.hosts or topology.switches else None
     with _lock:
         _cache[key] = drawing
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return drawing
-
-
-def declared_topology(cluster: Cluster) -> dict:
-    """The cluster's declared fabric as a `lockstep.topology/v1` document: the same as
-    `export_topology`, read as plain rows (about ten times faster on 24k links than model
-    instances, which matters for the first view of a large cluster)."""
-    order = ("position", "name")
-    return {
-        "format": FORMAT,
-        "name": cluster.topology_name or cluster.name,
-        "hosts": [{"name": name} for name in Node.objects.filter(cluster=cluster, in_topology=True)
-                  .order_by(*order).values_list("name", flat=True)],
-        "switches": [{"name": name, "tier": tier} for name, tier in Switch.objects.filter(cluster=cluster)
-                     .order_by(*order).values_list("name", "tier")],
-        "nics": [{"name": name, "host": host} | ({"rail": rail} if rail is not None else {})
-                 for name, host, rail in Nic.objects.filter(cluster=cluster, in_topology=True)
-                 .order_by(*order).values_list("name", "node__name", "rail")],
-        "links": [{"id": name, "a": a, "b": b} for name, a, b in Link.objects.filter(cluster=cluster)
-                  .order_by(*order)
-                  .values_list("name", Coalesce(F("a_nic__name"), F("a_switch__name")),
-                               Coalesce(F("b_nic__name"), F("b_switch__name")))],
-    }
 
 
 def map_status(cluster: Cluster, drawing: Layout | None) -> dict:
