@@ -192,7 +192,26 @@ class Node(ClusterOwnedModel):
         return NODE_STATE_HEALTH[self.state]
 
 
-class Switch(ClusterOwnedModel):
+class FabricElement(ClusterOwnedModel):
+    """A declared piece of the fabric (switch, NIC, cable): its health as the live map colors it,
+    and its position in the imported topology, so an export keeps the document's order."""
+
+    health = models.CharField(
+        verbose_name="health",
+        max_length=16,
+        choices=Health.choices,
+        default=Health.UNKNOWN,
+    )
+    position = models.PositiveIntegerField(
+        verbose_name="position in topology",
+        default=0,
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Switch(FabricElement):
     """A fabric switch (leaf, spine, core...)."""
 
     name = models.CharField(
@@ -203,16 +222,6 @@ class Switch(ClusterOwnedModel):
         verbose_name="tier",
         max_length=50,
         blank=True,
-    )
-    health = models.CharField(
-        verbose_name="health",
-        max_length=16,
-        choices=Health.choices,
-        default=Health.UNKNOWN,
-    )
-    position = models.PositiveIntegerField(
-        verbose_name="position in topology",
-        default=0,
     )
 
     class Meta:
@@ -231,7 +240,7 @@ class NicKind(models.TextChoices):
     INFINIBAND = "infiniband", "InfiniBand"
 
 
-class Nic(ClusterOwnedModel):
+class Nic(FabricElement):
     """A network interface of a node. Fabric NICs are named `<host>/<device>` in the topology."""
 
     node = models.ForeignKey(
@@ -309,16 +318,6 @@ class Nic(ClusterOwnedModel):
     in_topology = models.BooleanField(
         verbose_name="in topology",
         default=False,
-    )
-    health = models.CharField(
-        verbose_name="health",
-        max_length=16,
-        choices=Health.choices,
-        default=Health.UNKNOWN,
-    )
-    position = models.PositiveIntegerField(
-        verbose_name="position in topology",
-        default=0,
     )
 
     class Meta:
@@ -423,7 +422,7 @@ class Gpu(ClusterOwnedModel):
         return f"{self.node.name}/gpu{self.index}"
 
 
-class Link(ClusterOwnedModel):
+class Link(FabricElement):
     """A cable between two ends, each a NIC or a switch."""
 
     name = models.CharField(
@@ -441,16 +440,6 @@ class Link(ClusterOwnedModel):
     )
     b_switch = models.ForeignKey(
         to=Switch, on_delete=models.CASCADE, related_name="+", null=True, blank=True, verbose_name="B end (switch)"
-    )
-    health = models.CharField(
-        verbose_name="health",
-        max_length=16,
-        choices=Health.choices,
-        default=Health.UNKNOWN,
-    )
-    position = models.PositiveIntegerField(
-        verbose_name="position in topology",
-        default=0,
     )
 
     class Meta:
