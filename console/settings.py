@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "console.commands",
     "console.telemetry",
     "console.live",
+    "console.agentdist",
     "console.web",
     "api",
 ]

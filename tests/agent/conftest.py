@@ -17,6 +17,10 @@ console by returning an object with the same interface:
     requests(path_regex) -> [(time, method, path, status)]
     inject(path_regex, mode, times=1)      "drop_before" | "drop_after" | status code; clear_faults()
     stop(), start()                        the console goes away and comes back on the same URL
+
+``real_console`` is that object for the real console (``real_console.RealConsole``): a uvicorn
+process on the test database, stopped and restarted on the same port and database;
+``test_agent_real_console.py`` runs the daemon tests that matter against it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ def console():
     fake = FakeConsole(heartbeat_interval_s=0.5, poll_wait_s=1).start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+def real_console(transactional_db, tmp_path):
+    from real_console import RealConsole
+
+    console = RealConsole(tmp_path).start()
+    yield console
+    console.stop()
 
 
 @pytest.fixture
