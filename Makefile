@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/*.txt | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-sqlite lint host-packages clean
+.PHONY: demo test test-sqlite lint host-packages agent-package clean
 
 $(STAMP): requirements/console.txt requirements/agent.txt requirements/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
@@ -19,9 +19,14 @@ $(STAMP): requirements/console.txt requirements/agent.txt requirements/dev.txt
 host-packages:
 	@./scripts/setup-host.sh
 
+# The agent package /install.sh hands to nodes: the agent plus wheels of its dependencies,
+# fetched once here so nodes install without internet.
+agent-package: $(STAMP)
+	$(BIN)/python manage.py build_agent_package --download
+
 # The console on embedded defaults (SQLite, in-memory channel layer, tasks in-process) with an
 # emulated demo cluster; agents talk often so faults show within seconds.
-demo: $(STAMP) host-packages
+demo: $(STAMP) host-packages agent-package
 	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
