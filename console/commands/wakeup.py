@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections import defaultdict
 
 from django.conf import settings
@@ -54,7 +55,9 @@ class _Waiters:
 waiters = _Waiters()
 _publisher = None
 _publisher_lock = threading.Lock()
-_listeners: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
+# One listener task per event loop (uvicorn has one; tests create many): weak, so a closed
+# loop and its task are not kept alive.
+_listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
 
 
 def notify(node_id: int) -> None:
@@ -122,14 +125,18 @@ async def _listen() -> None:
     import redis.asyncio as aioredis
 
     backoff = 0.5
-    while True:
+    # redis-py can swallow a cancellation that arrives while it connects (the task's cancelling()
+    # count stays up): the loops check it too, or the listener would keep its event loop from
+    # ever closing (each test request of Django's client runs on a loop of its own).
+    while not _being_cancelled():
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         try:
             pubsub = client.pubsub()
             await pubsub.subscribe(CHANNEL)
             backoff = 0.5
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
+            while not _being_cancelled():
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None and message.get("type") == "message":
                     try:
                         waiters.wake(int(message["data"]))
                     except ValueError:
@@ -137,8 +144,15 @@ async def _listen() -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if _being_cancelled():
+                return
             log.warning("event=wakeup_listener_error error=%r retry_in=%.1fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
         finally:
             await client.aclose()
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
