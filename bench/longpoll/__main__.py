@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .run import Level, Options, console_env, drop_database, flush_redis, prepare_template
+from .run import Level, Options, console_env, drop_database, flush_redis, prepare_template, signals_ignored
 
 DESCRIPTION = """\
 Agent long-poll capacity of one console process on this machine. For each --agents level: a
@@ -52,16 +52,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=60.0, metavar="S", help="hold phase length (default 60)")
     p.add_argument("--warmup", type=float, default=10.0, metavar="S",
                    help="wait after all agents poll, before measuring (default 10)")
-    p.add_argument("--telemetry-every", type=float, default=30.0, metavar="S",
-                   help="hold phase: each agent posts a telemetry batch every S seconds (default 30; <0: none)")
+    p.add_argument("--telemetry-every", type=float, default=60.0, metavar="S",
+                   help="hold phase: each agent posts a telemetry batch every S seconds (default 60; <0: none)")
     p.add_argument("--records", type=int, default=20, help="hold phase: records per batch (default 20)")
     p.add_argument("--ingest-duration", type=float, default=30.0, metavar="S",
                    help="ingest phase length; 0 skips it (default 30)")
-    p.add_argument("--ingest-every", type=float, default=1.0, metavar="S",
-                   help="ingest phase: batch period per posting agent, 0 = back to back (default 1)")
+    p.add_argument("--ingest-every", type=float, default=0.0, metavar="S",
+                   help="ingest phase: batch period per posting agent, 0 = back to back (default 0)")
     p.add_argument("--ingest-records", type=int, default=100, help="ingest phase: records per batch (default 100)")
-    p.add_argument("--ingest-agents", type=int, default=500,
-                   help="ingest phase: how many agents post telemetry (default 500; the rest only poll)")
+    p.add_argument("--ingest-agents", type=int, default=50,
+                   help="ingest phase: how many agents post telemetry, each waiting for its answer before the "
+                        "next batch (default 50; the rest only poll and heartbeat)")
     p.add_argument("--inventory-share", type=float, default=0.1,
                    help="share of injected commands that are inventory.refresh, the rest node.health (default 0.1)")
     p.add_argument("--heartbeat", type=float, help="agents' heartbeat interval (default: the console's, 15 s)")
@@ -76,6 +77,9 @@ def parser() -> argparse.ArgumentParser:
                    help="Redis server, without a db index (default redis://127.0.0.1:6379)")
     p.add_argument("--redis-db", type=int, default=5, help="Redis db index to use and flush (default 5)")
     p.add_argument("--port", type=int, default=0, help="console port (default: a free one)")
+    p.add_argument("--ramp-timeout", type=float, default=600.0, metavar="S",
+                   help="give up on a level when the console does not hold every agent's poll after S seconds "
+                        "(default 600): past its capacity, enrollment stalls")
     p.add_argument("--profile", action="store_true",
                    help="record the console with py-spy during the hold phase (console-profile.svg)")
     p.add_argument("--out", metavar="DIR", help="where logs and results go (default: a new directory in /tmp)")
@@ -156,6 +160,7 @@ def main(argv=None) -> int:
         ingest_agents=args.ingest_agents, inventory_share=args.inventory_share, heartbeat=args.heartbeat,
         poll_wait=args.poll_wait, db_name=args.db_name, pg=args.pg.rstrip("/"), redis_url=args.redis.rstrip("/"),
         redis_db=args.redis_db, port=args.port, console_env=dict(args.console_env), profile=args.profile,
+        ramp_timeout=args.ramp_timeout,
         out=out, log=log,
     )
     # SIGTERM: unwind like Ctrl-C so every child is stopped and the databases dropped.
@@ -171,22 +176,27 @@ def main(argv=None) -> int:
             level_out.mkdir(exist_ok=True)
             opts = replace(base, agents=n, out=level_out)
             log(f"level {n} agents:")
+            level = Level(opts, template)
             try:
-                result = asyncio.run(Level(opts, template).run())
+                result = asyncio.run(level.run())
             except RuntimeError as exc:
                 log(f"  level {n} failed: {exc}")
-                result = {"agents": n, "failed": str(exc)}
+                result = {**level.result, "failed": str(exc)}
+            except KeyboardInterrupt:
+                results.append({**level.result, "failed": "interrupted"})
+                raise
             results.append(result)
             (level_out / "result.json").write_text(json.dumps(result, indent=2))
     except KeyboardInterrupt:
         log("interrupted; cleaning up")
         return 130
     finally:
-        if template:
+        with signals_ignored():
+            if template:
+                with contextlib.suppress(Exception):
+                    drop_database(base, template)
             with contextlib.suppress(Exception):
-                drop_database(base, template)
-        with contextlib.suppress(Exception):
-            flush_redis(base)
+                flush_redis(base)
         summary = {"date": time.strftime("%Y-%m-%d", time.gmtime(started)), "machine": machine(),
                    "command": " ".join(["python -m bench.longpoll", *(argv if argv is not None else sys.argv[1:])]),
                    "results": results}

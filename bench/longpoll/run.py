@@ -49,12 +49,12 @@ class Options:
     rate: float = 50.0
     duration: float = 60.0
     warmup: float = 10.0
-    telemetry_every: float | None = 30.0
+    telemetry_every: float | None = 60.0
     records: int = 20
     ingest_duration: float = 30.0
-    ingest_every: float = 1.0
+    ingest_every: float = 0.0
     ingest_records: int = 100
-    ingest_agents: int | None = 500
+    ingest_agents: int | None = 50
     inventory_share: float = 0.1
     heartbeat: float | None = None
     poll_wait: float | None = None
@@ -68,6 +68,17 @@ class Options:
     profile: bool = False
     out: Path = Path(".")
     log: Callable[[str], None] = print
+
+
+@contextlib.contextmanager
+def signals_ignored():
+    """SIGINT and SIGTERM ignored inside (main thread only), restored after."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 # --- database and redis ----------------------------------------------------------------------
@@ -340,12 +351,13 @@ class Level:
         self.result: dict = {"agents": opts.agents}
 
     def _cleanup(self) -> None:
-        for child in reversed(self.children):
-            child.stop(signal.SIGTERM, timeout=20)
-        with contextlib.suppress(Exception):
-            drop_database(self.opts, self.opts.db_name)
-        with contextlib.suppress(Exception):
-            flush_redis(self.opts)
+        with signals_ignored():  # a second Ctrl-C / SIGTERM must not leave processes or databases behind
+            for child in reversed(self.children):
+                child.stop(signal.SIGTERM, timeout=20)
+            with contextlib.suppress(Exception):
+                drop_database(self.opts, self.opts.db_name)
+            with contextlib.suppress(Exception):
+                flush_redis(self.opts)
 
     async def run(self) -> dict:
         try:
@@ -446,6 +458,7 @@ class Level:
                 raise RuntimeError(f"the fleet exited during {what}:\n{fleet.tail()}")
             sample = await sampler.one()
             polls = sample.get("polls_in_flight", 0)
+            self.result["ramp_max_held"] = max(self.result.get("ramp_max_held", 0), polls)
             if polls >= n:
                 return True
             if time.monotonic() - last_print[0] > 10:
