@@ -70,13 +70,26 @@ def read_json(request, max_bytes: int, *, required: bool = True):
     return payload
 
 
-def _seen(authorization: str):
+def _seen(authorization: str, touch: bool = True):
     node = node_for_credential(authorization)
-    return lifecycle.mark_seen(node)
+    if touch or node.state in lifecycle.CONTACT_REVIVES:
+        return lifecycle.mark_seen(node)
+    return node
 
 
-async def authenticate(request):
-    return await run_db(_seen, request.headers.get("Authorization", ""))
+def _authenticated(authorization: str, work, args: tuple):
+    if work is None:
+        return _seen(authorization)
+    # Work that writes last_seen itself spares mark_seen's own UPDATE.
+    node = _seen(authorization, touch=not getattr(work, "touches_last_seen", False))
+    return work(node, *args)
+
+
+async def authenticate(request, work=None, *args):
+    """The node of the request's credential, marked seen; with `work`, `work(node, *args)` runs
+    right after authentication on the same trip to the database thread pool (one hop per
+    request, not two) and its result is returned instead."""
+    return await run_db(_authenticated, request.headers.get("Authorization", ""), work, args)
 
 
 @agent_endpoint("POST")
@@ -103,25 +116,28 @@ async def enroll(request):
     )
 
 
-def _store_heartbeat(node, payload: dict):
+def _store_heartbeat(node, request):
     from console.fleet.models import Node
 
+    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
     status = {key: payload[key] for key in HEARTBEAT_FIELDS
               if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
-    fields = {"agent_status": status}
+    now = timezone.now()
+    fields = {"agent_status": status, "last_seen": now}  # one UPDATE: status and "seen"
     version = payload.get("agent_version")
     if isinstance(version, str) and version != node.agent_version:
         fields["agent_version"] = version[:50]
     Node.objects.filter(pk=node.pk).update(**fields)
-    return node.state
+    return node.state, now
+
+
+_store_heartbeat.touches_last_seen = True
 
 
 @agent_endpoint("POST")
 async def heartbeat(request):
-    node = await authenticate(request)
-    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
-    state = await run_db(_store_heartbeat, node, payload)
-    return JsonResponse({"node_state": state, "server_time": timezone.now().isoformat()})
+    state, now = await authenticate(request, _store_heartbeat, request)
+    return JsonResponse({"node_state": state, "server_time": now.isoformat()})
 
 
 def _int_param(request, name: str, default: int, low: int, high: int) -> int:
@@ -158,18 +174,19 @@ async def poll_commands(request):
     deadline = loop.time() + wait
     # Listen before the first look, so a command queued in between still wakes this poll.
     async with wakeup.listen(node.pk) as woken:
-        while True:
-            commands = await run_db(dispatch.claim, node.pk, batch)
+        commands = await run_db(dispatch.claim, node.pk, batch)
+        while not commands:
+            # Woken by a command queued for this node, or by the periodic sweep that finds work
+            # whose wake-up was missed (console/commands/wakeup.py). A wait that ends quietly
+            # answers empty: the agent polls again at once, and that poll's claim sees the rest.
             remaining = deadline - loop.time()
-            if commands or remaining <= 0:
+            if remaining <= 0 or not await woken.wait(remaining):
                 break
-            await woken.wait(min(remaining, limits["AGENT_POLL_RECHECK_S"]))
+            commands = await run_db(dispatch.claim, node.pk, batch)
     return JsonResponse({"commands": [command_json(c) for c in commands]})
 
 
-@agent_endpoint("POST")
-async def command_result(request, command_id):
-    node = await authenticate(request)
+def _record_result(node, request, command_id):
     payload = read_json(request, settings.LOCKSTEP["TELEMETRY_MAX_BATCH_BYTES"])
     status = payload.get("status")
     if status not in ("succeeded", "failed"):
@@ -177,10 +194,14 @@ async def command_result(request, command_id):
     error = payload.get("error", "")
     if not isinstance(error, str):
         raise AgentError("invalid", "error must be a string.", 400, "error")
-    outcome = await run_db(
-        dispatch.record_result, node, command_id,
-        succeeded=status == "succeeded", result=payload.get("result"), error=error[:10000],
+    return dispatch.record_result(
+        node, command_id, succeeded=status == "succeeded", result=payload.get("result"), error=error[:10000],
     )
+
+
+@agent_endpoint("POST")
+async def command_result(request, command_id):
+    outcome = await authenticate(request, _record_result, request, command_id)
     if outcome is None:
         raise AgentError("not_found", "No such command for this node.", 404)
     body = {"accepted": outcome.accepted}
@@ -189,13 +210,15 @@ async def command_result(request, command_id):
     return JsonResponse(body)
 
 
+def _ingest(node, request):
+    limits = settings.LOCKSTEP
+    return ingest(node, read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"]), limits["TELEMETRY_MAX_RECORDS"])
+
+
 @agent_endpoint("POST")
 async def telemetry(request):
-    limits = settings.LOCKSTEP
-    node = await authenticate(request)
-    payload = read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"])
     try:
-        result = await run_db(ingest, node, payload, limits["TELEMETRY_MAX_RECORDS"])
+        result = await authenticate(request, _ingest, request)
     except BatchTooLarge as exc:
         raise AgentError("batch_too_large", str(exc), 413) from None
     except BatchInvalid as exc:
@@ -205,12 +228,14 @@ async def telemetry(request):
     return JsonResponse({"accepted": result.accepted}, status=202)
 
 
+def _apply_inventory(node, request):
+    return apply_inventory(node, read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"]))
+
+
 @agent_endpoint("PUT")
 async def inventory(request):
-    node = await authenticate(request)
-    payload = read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"])
     try:
-        counts = await run_db(apply_inventory, node, payload)
+        counts = await authenticate(request, _apply_inventory, request)
     except InventoryError as exc:
         raise AgentError("invalid", str(exc), 400, exc.field, exc.message) from None
     return JsonResponse(counts)

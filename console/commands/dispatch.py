@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from console.commands import registry, wakeup
@@ -57,9 +58,25 @@ def issue_command(node, type_name: str, args=None, *, user=None, idempotency_key
     return command, True
 
 
+def _work(now):
+    """Commands a poll would take: pending ones, and delivered ones whose lease has ended."""
+    return Q(state=CommandState.PENDING) | Q(state=CommandState.DELIVERED, lease_expires__lt=now)
+
+
+def nodes_with_work(node_ids) -> set[int]:
+    """Which of these nodes have commands to claim (one query, for the polls' periodic re-check)."""
+    return set(
+        Command.objects.filter(_work(timezone.now()), node_id__in=list(node_ids))
+        .values_list("node_id", flat=True).distinct()
+    )
+
+
 def claim(node_id: int, limit: int) -> list[Command]:
     """Claim up to `limit` pending commands of a node, oldest first, and lease them."""
     now = timezone.now()
+    # Most polls find nothing: one plain query answers that, without a locking transaction.
+    if not Command.objects.filter(_work(now), node_id=node_id).exists():
+        return []
     with transaction.atomic():
         _requeue_expired(Command.objects.filter(node_id=node_id), now)
         commands = list(

@@ -3,8 +3,10 @@
 Each console process keeps, per node, the asyncio events of the polls it is holding. `notify`
 sets them directly (same process) and, when Redis is configured, publishes the node id so
 every other console process (and commands issued from Celery workers) wakes its own waiters.
-A missed wake-up costs at most the poll's periodic re-check, never a lost command: the
-database is the source of truth, the wake-up only shortens the wait.
+A missed wake-up costs at most one sweep period, never a lost command: the database is the
+source of truth, the wake-up only shortens the wait. The sweep (`_Sweeper`) is the backstop:
+every AGENT_POLL_RECHECK_S, one query per event loop finds the nodes whose waiting polls have
+work after all and wakes them, however many polls are waiting.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class _Waiters:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(event.set)
 
+    def nodes(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        """Nodes with a poll waiting on this event loop."""
+        with self._lock:
+            return [node_id for node_id, entries in self._by_node.items() if any(lp is loop for lp, _ in entries)]
+
     def count(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._by_node.values())
@@ -79,6 +86,7 @@ class _Listener:
 
     async def __aenter__(self) -> _Listener:
         _ensure_listener()
+        _sweeper.ensure()
         self.entry = waiters.add(self.node_id)
         return self
 
@@ -99,6 +107,51 @@ class _Listener:
 
 def listen(node_id: int) -> _Listener:
     return _Listener(node_id)
+
+
+class _Sweeper:
+    """Wakes polls whose wake-up was missed (a command queued by a process without Redis, a
+    lease that ended): one timer and one query per event loop and AGENT_POLL_RECHECK_S, instead
+    of a timer and a query per waiting poll. It stops when no poll waits on the loop."""
+
+    def __init__(self) -> None:
+        self._loops: weakref.WeakSet = weakref.WeakSet()  # loops with a sweep scheduled
+        self._tasks: set[asyncio.Task] = set()
+
+    def ensure(self) -> None:
+        if not settings.LOCKSTEP["DB_THREAD_POOL"]:
+            # In-process tests run ORM work on the test's own thread: a sweep still waiting for
+            # it when the test's event loop closes would never finish. They need no backstop.
+            return
+        loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops.add(loop)
+            loop.call_later(settings.LOCKSTEP["AGENT_POLL_RECHECK_S"], self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        nodes = waiters.nodes(loop)
+        if not nodes:
+            self._loops.discard(loop)
+            return
+        task = loop.create_task(self._sweep(loop, nodes))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep(self, loop: asyncio.AbstractEventLoop, nodes: list[int]) -> None:
+        from console.commands.dispatch import nodes_with_work
+        from console.core.asyncdb import run_db
+
+        try:
+            due = await run_db(nodes_with_work, nodes)
+        except Exception as exc:  # the next sweep tries again
+            log.warning("event=poll_sweep_failed nodes=%d error=%r", len(nodes), exc)
+            due = ()
+        for node_id in due:
+            waiters.wake(node_id)
+        loop.call_later(settings.LOCKSTEP["AGENT_POLL_RECHECK_S"], self._tick, loop)
+
+
+_sweeper = _Sweeper()
 
 
 def _redis():

@@ -1,0 +1,1 @@
+"""Agent long-poll capacity benchmark: python -m bench.longpoll --help."""
