@@ -1,4 +1,9 @@
-"""ASGI entry point: Django for HTTP (agent long-polls are async views), Channels for websockets."""
+"""ASGI entry point: Django for HTTP, Channels for websockets.
+
+Agent traffic (`/api/v1/agent/`) goes to a Django handler without the browser middleware:
+those routes use neither sessions, CSRF, messages nor redirects, and under ASGI every sync
+middleware costs thread hops per request — the larger share of an agent request's CPU.
+"""
 
 import os
 
@@ -13,11 +18,23 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from console.agent_handler import AgentASGIHandler  # noqa: E402
 from console.live.routing import websocket_urlpatterns  # noqa: E402
+
+AGENT_PREFIX = "/api/v1/agent/"
+
+
+def http_router(agent_app, browser_app):
+    async def route(scope, receive, send):
+        app = agent_app if scope["path"].startswith(AGENT_PREFIX) else browser_app
+        await app(scope, receive, send)
+
+    return route
+
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_http),
+        "http": http_router(AgentASGIHandler(), ASGIStaticFilesHandler(django_http)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

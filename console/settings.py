@@ -114,9 +114,10 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
-    # Agent endpoints run their queries on a small thread pool: keep those connections open
-    # and health-check them rather than reconnecting per call.
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60)
+    # Under ASGI every sync request runs on a fresh thread, so persistent connections would pile
+    # up in dead threads (0 closes them per request). The agent endpoints' thread pool keeps its
+    # own connections open (console/core/asyncdb.py).
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
     DATABASES = {
@@ -247,9 +248,11 @@ SPECTACULAR_SETTINGS = {
 LOCKSTEP = {
     # A node is lost when it has not been heard from for this long.
     "NODE_LOST_AFTER_S": env_int("LOCKSTEP_NODE_LOST_AFTER_S", 90),
-    "AGENT_HEARTBEAT_INTERVAL_S": env_int("LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S", 15),
+    # Every agent request also marks its node seen, and a poll returns at least every
+    # AGENT_POLL_MAX_WAIT_S: a heartbeat only needs to beat the lost-after window comfortably.
+    "AGENT_HEARTBEAT_INTERVAL_S": env_int("LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S", 30),
     # Long-poll: the longest an agent's GET /commands is held open.
-    "AGENT_POLL_MAX_WAIT_S": env_int("LOCKSTEP_AGENT_POLL_MAX_WAIT_S", 30),
+    "AGENT_POLL_MAX_WAIT_S": env_int("LOCKSTEP_AGENT_POLL_MAX_WAIT_S", 60),
     # Backstop re-check of the database while a poll waits, in case a wake-up was missed.
     "AGENT_POLL_RECHECK_S": env_int("LOCKSTEP_AGENT_POLL_RECHECK_S", 5),
     # Agent endpoints run ORM work on their own thread pool (off only in in-process tests).

@@ -20,12 +20,18 @@ class AgentError(Exception):
         return body
 
 
+# Every agent request runs this: leave the node's large JSON columns in the database.
+CREDENTIALS = NodeCredential.objects.select_related("node").defer(
+    "node__inventory", "node__facts", "node__agent_status", "node__health_report"
+)
+
+
 def node_for_credential(authorization: str) -> Node:
     """The node a credential belongs to, or AgentError (401 unknown/revoked, 403 retired)."""
     scheme, _, plaintext = (authorization or "").partition(" ")
     if scheme != "Bearer" or not plaintext:
         raise AgentError("node_credential_invalid", "Missing 'Authorization: Bearer lsn_...' header.", 401)
-    credential = NodeCredential.lookup(plaintext.strip(), queryset=NodeCredential.objects.select_related("node"))
+    credential = NodeCredential.lookup(plaintext.strip(), queryset=CREDENTIALS)
     if credential is None or credential.is_revoked or credential.is_expired:
         raise AgentError(
             "node_credential_invalid",

@@ -111,10 +111,11 @@ class HashedToken(models.Model):
         if parsed is None:
             return None
         qs = queryset if queryset is not None else cls.objects.all()
-        token = qs.filter(key=parsed.key).first()
-        if token is None or not token.matches(parsed.secret):
+        # key is unique: no ordering, no LIMIT games, one indexed lookup on the hot path.
+        found = list(qs.filter(key=parsed.key).order_by()[:1])
+        if not found or not found[0].matches(parsed.secret):
             return None
-        return token
+        return found[0]
 
     def touch(self) -> None:
         now = timezone.now()
