@@ -1,17 +1,23 @@
-"""The demo's cluster: real agents on an emulated fabric, with a fault injected now and then so
-a newcomer sees the console react (a frozen host turns lost, a downed NIC turns red, both heal).
+"""The demo's cluster, with a fault injected now and then so a newcomer sees the console react.
+
+`EmulatedDemo` (root and network namespaces): real agents on an emulated fabric; a frozen host
+turns lost, a downed NIC turns red, both heal. `SimulatedDemo` (anywhere else): the simulated
+fleet's lightweight agents speak the real protocol for the same hosts; a paused agent's node turns
+lost, then ready again.
 
 The console side (organization, cluster, topology, enrollment token) is prepared by
-`manage.py demo`; this module only drives the testbed, so it needs no Django.
+`manage.py demo`; this module only drives agents and faults, so it needs no Django.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import random
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 from testbed.fabric import Fabric
 from testbed.netops import netns_problem
@@ -28,30 +34,26 @@ AGENT_ENV = {
 }
 
 
-class EmulatedDemo:
-    """An emulated fabric with an agent per host and a fault loop on a thread."""
+class Demo(abc.ABC):
+    """Wait for the console, start the agents, then inject a fault every so often until stopped."""
 
-    def __init__(self, topology: dict, *, prefix: str = PREFIX, fault_every_s: float = 45.0,
-                 fault_for_s: float = 40.0, faults: tuple[str, ...] = FAULT_KINDS, seed: int | None = None) -> None:
-        unknown = set(faults) - set(FAULT_KINDS)
+    supported_faults: tuple[str, ...] = FAULT_KINDS
+
+    def __init__(self, topology: dict, *, fault_every_s: float = 45.0, fault_for_s: float = 40.0,
+                 faults: tuple[str, ...] = FAULT_KINDS, seed: int | None = None) -> None:
+        unknown = set(faults) - set(self.supported_faults)
         if unknown or not faults:
-            raise ValueError(f"fault kinds must be some of {', '.join(FAULT_KINDS)}; got {', '.join(faults) or 'none'}")
-        self.topology, self.prefix, self.faults = topology, prefix, tuple(faults)
+            raise ValueError(f"fault kinds must be some of {', '.join(self.supported_faults)}; "
+                             f"got {', '.join(faults) or 'none'}")
+        self.topology, self.faults = topology, tuple(faults)
         self.fault_every_s, self.fault_for_s = fault_every_s, fault_for_s
         self.random = random.Random(seed)
-        self.fabric: Fabric | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @staticmethod
-    def unavailable_reason() -> str | None:
-        return netns_problem()
-
-    def up(self) -> str:
-        """Build the fabric; returns the address the console must also listen on."""
-        Fabric.down_all(prefixes=[self.prefix])  # leftovers of a demo that was killed
-        self.fabric = Fabric.up(self.topology, prefix=self.prefix)
-        return self.fabric.bridge_address
+    def up(self) -> str | None:
+        """Prepare; returns another address the console must listen on, if any."""
+        return None
 
     def start(self, port: int, token: str, cluster_id: int) -> None:
         self._thread = threading.Thread(target=self._run, args=(port, token, cluster_id), name="demo-driver",
@@ -59,8 +61,6 @@ class EmulatedDemo:
         self._thread.start()
 
     def _run(self, port: int, token: str, cluster_id: int) -> None:
-        fabric = self.fabric
-        url = fabric.console_url(port)
         deadline = time.monotonic() + 60
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
@@ -68,34 +68,110 @@ class EmulatedDemo:
                     break
             except OSError:
                 self._stop.wait(0.5)
-        fabric.start_agents(console_url=url, token=token, cluster_id=cluster_id, env=AGENT_ENV)
-        log.info("demo: %d agents started against %s", len(fabric.agents()), url)
+        self.start_agents(port, token, cluster_id)
         while not self._stop.wait(self.fault_every_s):
-            self._one_fault()
-
-    def _one_fault(self) -> None:
-        fabric = self.fabric
-        hosts = [h["name"] for h in self.topology["hosts"]]
-        nics = [n["name"] for n in self.topology["nics"]]
-        if self.random.choice(self.faults) == "host-stall":
-            host = self.random.choice(hosts)
-            fault = fabric.fault_host_stall(host)
-            log.info("demo: froze host %s for %.0fs: its node turns lost, then ready again", host, self.fault_for_s)
-        else:
-            nic = self.random.choice(nics)
-            fault = fabric.fault_nic_down(nic)
-            log.info("demo: took NIC %s down for %.0fs: it turns red on the map, then green", nic, self.fault_for_s)
-        if not self._stop.wait(self.fault_for_s):
-            fabric.heal(fault)
-            log.info("demo: healed %s", fault)
+            heal = self.inject(self.random.choice(self.faults))
+            if not self._stop.wait(self.fault_for_s):
+                heal()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(10)
+        self.tear_down()
+
+    @abc.abstractmethod
+    def start_agents(self, port: int, token: str, cluster_id: int) -> None:
+        """Start one agent per host of the topology against the console on `port`."""
+
+    @abc.abstractmethod
+    def inject(self, kind: str) -> Callable[[], None]:
+        """Inject one fault of `kind`, log it, and return what heals it."""
+
+    @abc.abstractmethod
+    def tear_down(self) -> None:
+        """Stop the agents and remove whatever `up` built."""
+
+
+class EmulatedDemo(Demo):
+    """An emulated fabric in network namespaces with a real agent per host."""
+
+    def __init__(self, topology: dict, *, prefix: str = PREFIX, **kwargs) -> None:
+        super().__init__(topology, **kwargs)
+        self.prefix = prefix
+        self.fabric: Fabric | None = None
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        return netns_problem()
+
+    def up(self) -> str:
+        Fabric.down_all(prefixes=[self.prefix])  # leftovers of a demo that was killed
+        self.fabric = Fabric.up(self.topology, prefix=self.prefix)
+        return self.fabric.bridge_address
+
+    def start_agents(self, port: int, token: str, cluster_id: int) -> None:
+        url = self.fabric.console_url(port)
+        self.fabric.start_agents(console_url=url, token=token, cluster_id=cluster_id, env=AGENT_ENV)
+        log.info("demo: %d agents started against %s", len(self.fabric.agents()), url)
+
+    def inject(self, kind: str) -> Callable[[], None]:
+        if kind == "host-stall":
+            host = self.random.choice([h["name"] for h in self.topology["hosts"]])
+            fault = self.fabric.fault_host_stall(host)
+            log.info("demo: froze host %s for %.0fs: its node turns lost, then ready again", host, self.fault_for_s)
+        else:
+            nic = self.random.choice([n["name"] for n in self.topology["nics"]])
+            fault = self.fabric.fault_nic_down(nic)
+            log.info("demo: took NIC %s down for %.0fs: it turns red on the map, then green", nic, self.fault_for_s)
+
+        def heal() -> None:
+            self.fabric.heal(fault)
+            log.info("demo: healed %s", fault)
+
+        return heal
+
+    def tear_down(self) -> None:
         if self.fabric:
             try:
                 self.fabric.heal_all()
                 self.fabric.stop_agents()
             finally:
                 self.fabric.down()
+
+
+class SimulatedDemo(Demo):
+    """The simulated fleet (testbed.fleet) standing in for the hosts, when namespaces are unavailable."""
+
+    supported_faults = ("host-stall",)
+
+    def __init__(self, topology: dict, **kwargs) -> None:
+        kwargs["faults"] = tuple(f for f in kwargs.get("faults", FAULT_KINDS) if f in self.supported_faults)
+        super().__init__(topology, **kwargs)
+        self.fleet = None
+
+    def start_agents(self, port: int, token: str, cluster_id: int) -> None:
+        from testbed.fleet import BackgroundFleet, FleetConfig
+
+        hosts = [h["name"] for h in self.topology["hosts"]]
+        rails = max((n.get("rail", 0) for n in self.topology["nics"]), default=0) + 1
+        self.fleet = BackgroundFleet(FleetConfig(
+            console=f"http://127.0.0.1:{port}", token=token, agents=len(hosts), cluster_id=cluster_id,
+            names=hosts, rails=rails, telemetry_every_s=60.0,
+        )).__enter__()
+        log.info("demo: %d simulated agents started against http://127.0.0.1:%d", len(hosts), port)
+
+    def inject(self, kind: str) -> Callable[[], None]:
+        host = self.random.choice([h["name"] for h in self.topology["hosts"]])
+        self.fleet.call(lambda fleet: fleet.pause(host))
+        log.info("demo: froze host %s for %.0fs: its node turns lost, then ready again", host, self.fault_for_s)
+
+        def heal() -> None:
+            self.fleet.call(lambda fleet: fleet.resume(host))
+            log.info("demo: resumed %s", host)
+
+        return heal
+
+    def tear_down(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()

@@ -57,7 +57,7 @@ class SimAgent:
         cfg = fleet.config
         self.fleet = fleet
         self.index = index
-        self.hostname = payloads.hostname(cfg.prefix, index)
+        self.hostname = cfg.names[index - cfg.first_index] if cfg.names else payloads.hostname(cfg.prefix, index)
         self.machine_id = payloads.machine_id(cfg.prefix, index)
         self.rng = random.Random(f"{cfg.seed}:{self.hostname}")
         self.stats = AgentStats()
@@ -137,7 +137,7 @@ class SimAgent:
 
     async def run(self) -> None:
         cfg = self.fleet.config
-        loops = self._loops
+        loops = self._loops = []  # a resumed agent starts its loops afresh
         try:
             if self.credential is None:
                 await self.enroll()

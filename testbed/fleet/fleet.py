@@ -62,12 +62,15 @@ class FleetConfig:
     keepalive_s: float = 3.0  # below the server's idle timeout (uvicorn: 5 s), so no stale reuse
     state_file: str | None = None
     seed: int = 0
+    names: list[str] | None = None  # hostnames to use instead of prefix + index (e.g. a topology's)
 
     def __post_init__(self) -> None:
         if self.agents < 0:
             raise ValueError("agents must be ≥ 0")
         if not self.token and not self.state_file:
             raise ValueError("an enrollment token is needed (or a state file of enrolled agents)")
+        if self.names is not None and len(self.names) != self.agents:
+            raise ValueError(f"names: {len(self.names)} hostnames for {self.agents} agents")
         self.console = self.console.rstrip("/")
 
 
@@ -177,6 +180,24 @@ class Fleet:
 
     # --- called by agents -----------------------------------------------------------------------
 
+    def pause(self, hostname: str) -> None:
+        """Silence one agent (a frozen host): no polls, heartbeats or telemetry until resume()."""
+        for i, agent in enumerate(self.agents):
+            if agent.hostname == hostname:
+                self._tasks[i].cancel()
+                agent.state = "paused"
+                return
+        raise KeyError(f"no simulated agent named {hostname!r}")
+
+    def resume(self, hostname: str) -> None:
+        """Start a paused agent again with its credential (no new enrollment)."""
+        for i, agent in enumerate(self.agents):
+            if agent.hostname == hostname:
+                if self._tasks[i].done():
+                    self._tasks[i] = asyncio.get_running_loop().create_task(agent.run(), name=agent.hostname)
+                return
+        raise KeyError(f"no simulated agent named {hostname!r}")
+
     def observe(self, op: str, seconds: float) -> None:
         self.histograms[op].add(seconds)
 
@@ -232,6 +253,8 @@ class Fleet:
 def hostname_for(config: FleetConfig, index: int) -> str:
     from .payloads import hostname
 
+    if config.names is not None:
+        return config.names[index - config.first_index]
     return hostname(config.prefix, index)
 
 

@@ -18,8 +18,10 @@ from tests.integration.conftest import ROOT, Process, free_port, wait_until
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 
-@pytest.mark.skipif(netns_problem() is not None, reason=f"needs root and network namespaces: {netns_problem()}")
-def test_the_demo_shows_a_fault_and_cleans_up(tmp_path):
+@pytest.mark.parametrize("mode", ["emulated", "simulated"])
+def test_the_demo_shows_a_fault_and_cleans_up(tmp_path, mode):
+    if mode == "emulated" and netns_problem() is not None:
+        pytest.skip(f"the emulated demo needs root and network namespaces: {netns_problem()}")
     port, prefix = free_port(), f"dm{os.getpid() % 10000}"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(LOCKSTEP_VAR_DIR=str(tmp_path / "var"), LOCKSTEP_NODE_LOST_AFTER_S="6",
@@ -27,7 +29,7 @@ def test_the_demo_shows_a_fault_and_cleans_up(tmp_path):
                LOCKSTEP_TESTBED_DIR=str(tmp_path / "testbed"))
     demo = Process([sys.executable, "manage.py", "demo", "--port", str(port), "--hosts", "2", "--rails", "1",
                     "--fault-every", "8", "--fault-for", "15", "--prefix", prefix,
-                    "--faults", "host-stall"], env, tmp_path / "demo.log")
+                    "--faults", "host-stall", *(["--simulated"] if mode == "simulated" else [])], env, tmp_path / "demo.log")
     base = f"http://127.0.0.1:{port}"
     try:
         session = requests.Session()
