@@ -38,7 +38,7 @@ test: $(STAMP) host-packages
 test-sqlite: $(STAMP)
 	env -u DATABASE_URL -u REDIS_URL $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP) host-packages
 	$(BIN)/ruff check .
 	shellcheck -s sh scripts/*.sh .ci/run
 
