@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from api.agent.auth import AgentError, node_for_credential
 from console.commands import dispatch, wakeup
-from console.core.asyncdb import run_db
+from console.core.asyncdb import LoopSlots, run_db
 from console.fleet import enrollment, lifecycle
 from console.fleet.inventory import InventoryError, apply_inventory
 from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
@@ -26,6 +26,10 @@ from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
 ENROLL_MAX_BYTES = 64 * 1024
 HEARTBEAT_MAX_BYTES = 64 * 1024
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
+# Telemetry yields to control: a flood of batches waits here, on the event loop, instead of taking
+# every database thread (and most of the process's CPU) from polls, heartbeats and results.
+# Agents keep unaccepted batches on disk, so a slower answer loses nothing.
+TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
 
 
 def agent_endpoint(*methods: str):
@@ -218,7 +222,8 @@ def _ingest(node, request):
 @agent_endpoint("POST")
 async def telemetry(request):
     try:
-        result = await authenticate(request, _ingest, request)
+        async with TELEMETRY_SLOTS():
+            result = await authenticate(request, _ingest, request)
     except BatchTooLarge as exc:
         raise AgentError("batch_too_large", str(exc), 413) from None
     except BatchInvalid as exc:

@@ -10,12 +10,6 @@ only counts the HTTP requests in flight (agent long polls apart) and answers
 `poll_waiters` are polls registered for wake-ups (console.commands.wakeup), `db_queue` the ORM
 calls waiting for a thread of console.core.asyncdb, `loop_lag_max_ms` the worst event-loop
 delay since the previous stats request (a 50 ms timer, late by that much).
-
-What-if (not the console as shipped): with `LOCKSTEP_BENCH_AGENT_MIDDLEWARE=none`, requests under
-`/api/v1/agent/` go to a second Django handler built without MIDDLEWARE. Agents authenticate
-every request with their credential and need none of the browser middleware (sessions, CSRF,
-auth, messages, clickjacking); under ASGI each of those runs its process_request/response through
-`sync_to_async`, two thread hops per middleware per request, on the event loop's GIL time.
 """
 
 from __future__ import annotations
@@ -27,23 +21,6 @@ import os
 from console.asgi import application as console_application
 from console.commands import wakeup
 from console.core import asyncdb
-
-AGENT_PREFIX = "/api/v1/agent/"
-_agent_application = None
-if os.environ.get("LOCKSTEP_BENCH_AGENT_MIDDLEWARE") == "none":
-    from django.conf import settings
-    from django.core.handlers.asgi import ASGIHandler
-
-    class _AgentHandler(ASGIHandler):
-        def load_middleware(self, is_async=False):
-            saved = settings.MIDDLEWARE
-            settings.MIDDLEWARE = []
-            try:
-                super().load_middleware(is_async)
-            finally:
-                settings.MIDDLEWARE = saved
-
-    _agent_application = _AgentHandler()
 
 POLL_PATH = "/api/v1/agent/commands"
 STATS_PATH = "/__bench__/stats"
@@ -90,8 +67,6 @@ async def application(scope, receive, send):
     key = "polls_in_flight" if scope["path"] == POLL_PATH else "requests_in_flight"
     _counts[key] += 1
     try:
-        if _agent_application is not None and scope["path"].startswith(AGENT_PREFIX):
-            return await _agent_application(scope, receive, send)
         return await console_application(scope, receive, send)
     finally:
         _counts[key] -= 1

@@ -14,9 +14,11 @@ round trip per call: a third of all queries of an idle long poll.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
@@ -73,3 +75,23 @@ async def run_db(fn, *args, **kwargs):
     return await sync_to_async(_with_connection(fn), thread_sensitive=False, executor=_executor)(
         *args, **kwargs
     )
+
+
+class LoopSlots:
+    """At most `size` holders at once, per event loop: `async with slots():`. (An asyncio
+    semaphore belongs to the loop it first ran on; uvicorn has one loop, tests many.)"""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        self.size = size
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __call__(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        semaphore = self._by_loop.get(loop)
+        if semaphore is None:
+            semaphore = self._by_loop[loop] = asyncio.Semaphore(self.size)
+        return semaphore

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -92,3 +93,32 @@ def test_tenants_read_their_telemetry_filtered_by_kind(world, fleet):
     _post(fleet, {"seq": 9, "records": _records(2, kind="clock.offset")})
     rows = world.client("bob").get("/api/v1/telemetry/", {"kind": "clock.offset"}).json()["results"]
     assert len(rows) == 2 and {r["seq"] for r in rows} == {9}
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(world, monkeypatch):
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+    from django.test import AsyncClient
+
+    from api.agent import views
+    from console.core.asyncdb import LoopSlots
+
+    fleet = await sync_to_async(make_fleet)(world.acme)
+    slots = LoopSlots(1)
+    monkeypatch.setattr(views, "TELEMETRY_SLOTS", slots)
+    client = AsyncClient()
+    body = json.dumps({"seq": 7, "records": _records(2)})
+    async with slots():  # another batch is being stored
+        request = asyncio.ensure_future(client.post(
+            "/api/v1/agent/telemetry", body, content_type="application/json",
+            headers={"Authorization": f"Bearer {fleet.credential}"},
+        ))
+        done, _ = await asyncio.wait([request], timeout=0.5)
+        assert not done, "the batch was stored while every telemetry slot was taken"
+        assert not await sync_to_async(TelemetryBatch.objects.filter(node=fleet.node, seq=7).exists)()
+    response = await asyncio.wait_for(request, 10)
+    assert response.status_code == 202 and response.json() == {"accepted": 2}, response.content
+    assert await sync_to_async(TelemetryRecord.objects.filter(batch__node=fleet.node, batch__seq=7).count)() == 2
+    await sync_to_async(connections.close_all)()

@@ -1,0 +1,44 @@
+"""console.core.asyncdb: LoopSlots bounds concurrent holders per event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from console.core.asyncdb import LoopSlots
+
+
+def test_no_more_than_size_holders_run_at_once():
+    slots = LoopSlots(2)
+    inside, most = 0, 0
+
+    async def hold():
+        nonlocal inside, most
+        async with slots():
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+
+    async def main():
+        await asyncio.gather(*(hold() for _ in range(7)))
+
+    asyncio.run(main())
+    assert most == 2 and inside == 0
+
+
+def test_each_event_loop_gets_its_own_slots():
+    slots = LoopSlots(1)
+
+    async def take_and_keep():
+        await slots().acquire()  # never released: that loop's slot stays taken
+
+    asyncio.run(take_and_keep())
+    # A second loop is not blocked by the first one's slot, nor refused as "bound to another loop".
+    asyncio.run(asyncio.wait_for(take_and_keep(), 1))
+
+
+def test_a_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="size must be at least 1, got 0"):
+        LoopSlots(0)
