@@ -14,6 +14,7 @@ from urllib.parse import quote
 import requests
 
 from agent import __version__
+from agent.backoff import retry_after_s
 
 API_PREFIX = "/api/v1/agent"
 USER_AGENT = f"lockstep-agent/{__version__}"
@@ -22,12 +23,13 @@ USER_AGENT = f"lockstep-agent/{__version__}"
 class ConsoleError(Exception):
     """The console answered with an error (or not at all)."""
 
-    def __init__(self, status: int | None, code: str, detail: str, body: Any = None):
+    def __init__(self, status: int | None, code: str, detail: str, body: Any = None, retry_after_s: float = 0.0):
         super().__init__(f"{code}: {detail}" if detail else code)
         self.status = status
         self.code = code
         self.detail = detail
         self.body = body
+        self.retry_after_s = retry_after_s  # the console's Retry-After (a busy 503, a 429)
 
     @property
     def transient(self) -> bool:
@@ -88,7 +90,8 @@ class Client:
         if resp.status_code >= 400:
             code = payload.get("error") if isinstance(payload, dict) else None
             detail = payload.get("detail", "") if isinstance(payload, dict) else ""
-            raise ConsoleError(resp.status_code, code or f"http_{resp.status_code}", str(detail or ""), payload)
+            raise ConsoleError(resp.status_code, code or f"http_{resp.status_code}", str(detail or ""), payload,
+                               retry_after_s(resp.headers.get("Retry-After")))
         return resp.status_code, payload
 
     # -- protocol ---------------------------------------------------------------------

@@ -272,7 +272,7 @@ class Daemon:
             self.halt(exc)
             return
         failures[0] += 1
-        delay = backoff.next_delay()
+        delay = backoff.after(exc.retry_after_s)
         if failures[0] == 1 or failures[0] % 20 == 0:
             level = agentlog.warning if exc.transient else agentlog.error
             level(

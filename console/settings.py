@@ -260,8 +260,10 @@ LOCKSTEP = {
     "COMMAND_MAX_ATTEMPTS": env_int("LOCKSTEP_COMMAND_MAX_ATTEMPTS", 3),
     "TELEMETRY_MAX_BATCH_BYTES": env_int("LOCKSTEP_TELEMETRY_MAX_BATCH_BYTES", 1024 * 1024),
     "TELEMETRY_MAX_RECORDS": env_int("LOCKSTEP_TELEMETRY_MAX_RECORDS", 5000),
-    # Telemetry batches stored at once per console process (of LOCKSTEP_DB_THREADS).
+    # Telemetry batches stored at once per console process (of LOCKSTEP_DB_THREADS), and how long
+    # a batch waits for its turn before it is answered 503 (the agent sends it again later).
     "TELEMETRY_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_CONCURRENCY", 2),
+    "TELEMETRY_QUEUE_WAIT_S": env_int("LOCKSTEP_TELEMETRY_QUEUE_WAIT_S", 10),
     "INVENTORY_MAX_BYTES": env_int("LOCKSTEP_INVENTORY_MAX_BYTES", 2 * 1024 * 1024),
     "TOPOLOGY_MAX_BYTES": env_int("LOCKSTEP_TOPOLOGY_MAX_BYTES", 64 * 1024 * 1024),
     # Live updates: more events than this for one group in one flush collapse into a refresh.

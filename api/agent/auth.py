@@ -8,10 +8,12 @@ from console.fleet.models import Node, NodeCredential, NodeState
 class AgentError(Exception):
     """An error answer for an agent: a code it acts on and a sentence it logs."""
 
-    def __init__(self, code: str, detail: str, status: int, field: str | None = None, problem: str | None = None):
+    def __init__(self, code: str, detail: str, status: int, field: str | None = None, problem: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(detail)
         self.code, self.detail, self.status, self.field = code, detail, status, field
         self.problem = problem or detail
+        self.headers = headers or {}
 
     def body(self) -> dict:
         body = {"error": self.code, "detail": self.detail}

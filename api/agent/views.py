@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from api.agent.auth import AgentError, node_for_credential
 from console.commands import dispatch, wakeup
-from console.core.asyncdb import LoopSlots, run_db
+from console.core.asyncdb import LoopSlots, NoSlot, run_db, run_db_for_delivery
 from console.fleet import enrollment, lifecycle
 from console.fleet.inventory import InventoryError, apply_inventory
 from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
@@ -27,9 +27,11 @@ ENROLL_MAX_BYTES = 64 * 1024
 HEARTBEAT_MAX_BYTES = 64 * 1024
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
 # Telemetry yields to control: a flood of batches waits here, on the event loop, instead of taking
-# every database thread (and most of the process's CPU) from polls, heartbeats and results.
-# Agents keep unaccepted batches on disk, so a slower answer loses nothing.
+# every database thread (and most of the process's CPU) from polls, heartbeats and results; one
+# that waits too long is answered 503 and sent again later. Agents keep unaccepted batches on
+# disk, so a slower or refused answer loses nothing.
 TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
+TELEMETRY_RETRY_AFTER_S = 10
 
 
 def agent_endpoint(*methods: str):
@@ -46,7 +48,7 @@ def agent_endpoint(*methods: str):
             try:
                 return await view(request, *args, **kwargs)
             except AgentError as exc:
-                return JsonResponse(exc.body(), status=exc.status)
+                return JsonResponse(exc.body(), status=exc.status, headers=exc.headers)
 
         wrapper.csrf_exempt = True
         return wrapper
@@ -178,7 +180,7 @@ async def poll_commands(request):
     deadline = loop.time() + wait
     # Listen before the first look, so a command queued in between still wakes this poll.
     async with wakeup.listen(node.pk) as woken:
-        commands = await run_db(dispatch.claim, node.pk, batch)
+        commands = await run_db_for_delivery(dispatch.claim, node.pk, batch)
         while not commands:
             # Woken by a command queued for this node, or by the periodic sweep that finds work
             # whose wake-up was missed (console/commands/wakeup.py). A wait that ends quietly
@@ -186,7 +188,7 @@ async def poll_commands(request):
             remaining = deadline - loop.time()
             if remaining <= 0 or not await woken.wait(remaining):
                 break
-            commands = await run_db(dispatch.claim, node.pk, batch)
+            commands = await run_db_for_delivery(dispatch.claim, node.pk, batch)
     return JsonResponse({"commands": [command_json(c) for c in commands]})
 
 
@@ -222,8 +224,13 @@ def _ingest(node, request):
 @agent_endpoint("POST")
 async def telemetry(request):
     try:
-        async with TELEMETRY_SLOTS():
+        async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
             result = await authenticate(request, _ingest, request)
+    except NoSlot:
+        raise AgentError(
+            "busy", "The console is storing other telemetry; keep this batch and send it again later.", 503,
+            headers={"Retry-After": str(TELEMETRY_RETRY_AFTER_S)},
+        ) from None
     except BatchTooLarge as exc:
         raise AgentError("batch_too_large", str(exc), 413) from None
     except BatchInvalid as exc:

@@ -30,8 +30,8 @@ its PostgreSQL backends and the fleet. Everything it starts and creates is remov
 
 EPILOG = """\
 examples:
-  python -m bench.longpoll --agents 2000 --rate 50 --duration 60
-  python -m bench.longpoll --agents 2000,4000,6000 --duration 60 --ingest-duration 0
+  python -m bench.longpoll                      # the goal: 2,000 agents, 5 commands/s
+  python -m bench.longpoll --agents 2000,3000 --rate 20 --ingest-duration 0
   python -m bench.longpoll --agents 2000 --console-env LOCKSTEP_DB_THREADS=4 --profile
 """
 
@@ -48,15 +48,15 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", default="2000", metavar="N[,N...]",
                    help="simulated agents, one level per value, run one after the other (default 2000)")
-    p.add_argument("--rate", type=float, default=50.0, help="commands injected per second (default 50)")
-    p.add_argument("--duration", type=float, default=60.0, metavar="S", help="hold phase length (default 60)")
+    p.add_argument("--rate", type=float, default=5.0, help="commands injected per second (default 5)")
+    p.add_argument("--duration", type=float, default=40.0, metavar="S", help="hold phase length (default 40)")
     p.add_argument("--warmup", type=float, default=10.0, metavar="S",
                    help="wait after all agents poll, before measuring (default 10)")
     p.add_argument("--telemetry-every", type=float, default=60.0, metavar="S",
                    help="hold phase: each agent posts a telemetry batch every S seconds (default 60; <0: none)")
     p.add_argument("--records", type=int, default=20, help="hold phase: records per batch (default 20)")
-    p.add_argument("--ingest-duration", type=float, default=30.0, metavar="S",
-                   help="ingest phase length; 0 skips it (default 30)")
+    p.add_argument("--ingest-duration", type=float, default=20.0, metavar="S",
+                   help="ingest phase length; 0 skips it (default 20)")
     p.add_argument("--ingest-every", type=float, default=0.0, metavar="S",
                    help="ingest phase: batch period per posting agent, 0 = back to back (default 0)")
     p.add_argument("--ingest-records", type=int, default=100, help="ingest phase: records per batch (default 100)")
@@ -65,8 +65,8 @@ def parser() -> argparse.ArgumentParser:
                         "next batch (default 50; the rest only poll and heartbeat)")
     p.add_argument("--inventory-share", type=float, default=0.1,
                    help="share of injected commands that are inventory.refresh, the rest node.health (default 0.1)")
-    p.add_argument("--heartbeat", type=float, help="agents' heartbeat interval (default: the console's, 15 s)")
-    p.add_argument("--poll-wait", type=float, help="agents' long-poll wait (default: the console's, 25 s)")
+    p.add_argument("--heartbeat", type=float, help="agents' heartbeat interval (default: the console's, 30 s)")
+    p.add_argument("--poll-wait", type=float, help="agents' long-poll wait (default: the console's, 55 s)")
     p.add_argument("--console-env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for the console process, e.g. LOCKSTEP_DB_THREADS=16 (repeatable)")
     p.add_argument("--db-name", default="lockstep_bench", help="PostgreSQL database to create and drop "
@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
                    help="give up on a level when the console does not hold every agent's poll after S seconds "
                         "(default 600): past its capacity, enrollment stalls")
     p.add_argument("--profile", action="store_true",
-                   help="record the console with py-spy during the hold phase (console-profile.svg)")
+                   help="record the console with py-spy during the hold phase (console-profile.txt, collapsed stacks)")
     p.add_argument("--out", metavar="DIR", help="where logs and results go (default: a new directory in /tmp)")
     return p
 

@@ -5,10 +5,11 @@ only counts the HTTP requests in flight (agent long polls apart) and answers
 `GET /__bench__/stats` with what the console process holds right now:
 
     {"polls_in_flight": ..., "requests_in_flight": ..., "poll_waiters": ...,
-     "db_queue": ..., "db_threads": ..., "loop_lag_max_ms": ..., "pid": ...}
+     "db_queue": ..., "db_threads": ..., "delivery_queue": ..., "loop_lag_max_ms": ..., "pid": ...}
 
 `poll_waiters` are polls registered for wake-ups (console.commands.wakeup), `db_queue` the ORM
-calls waiting for a thread of console.core.asyncdb, `loop_lag_max_ms` the worst event-loop
+calls waiting for a thread of console.core.asyncdb, `delivery_queue` the claims waiting for one
+of its delivery threads, `loop_lag_max_ms` the worst event-loop
 delay since the previous stats request (a 50 ms timer, late by that much).
 """
 
@@ -40,13 +41,14 @@ async def _watch_loop_lag(period: float = 0.05) -> None:
 
 
 def stats() -> dict:
-    executor = asyncdb._executor
+    executor, delivery = asyncdb._executor, asyncdb._delivery_executor
     lag, _lag["max"] = _lag["max"], 0.0
     return {
         **_counts,
         "poll_waiters": wakeup.waiters.count(),
         "db_queue": executor._work_queue.qsize(),
         "db_threads": len(executor._threads),
+        "delivery_queue": delivery._work_queue.qsize(),
         "loop_lag_max_ms": round(lag * 1000, 1),
         "pid": os.getpid(),
     }

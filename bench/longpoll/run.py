@@ -190,7 +190,7 @@ class Sampler:
     def summary(self) -> dict:
         good = [s for s in self.samples if "error" not in s]
         out = {"samples": len(self.samples), "stats_errors": len(self.samples) - len(good)}
-        for key in ("polls_in_flight", "poll_waiters", "connections", "requests_in_flight", "db_queue"):
+        for key in ("polls_in_flight", "poll_waiters", "connections", "requests_in_flight", "db_queue", "delivery_queue"):
             values = [s[key] for s in good if key in s]
             if values:
                 out[key] = {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}

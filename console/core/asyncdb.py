@@ -2,7 +2,9 @@
 
 Django runs sync code called from async views on one shared thread by default
 (`thread_sensitive=True`), which would serialize every agent request of the process. Agent
-endpoints do self-contained, transactional work, so they run on this pool instead.
+endpoints do self-contained, transactional work, so they run on this pool instead; command
+claims (`run_db_for_delivery`) on a small pool of their own, so delivery never queues behind
+other agent work.
 
 Each pool thread keeps its own connection for as long as it lives, whatever `CONN_MAX_AGE`
 says (that setting is for request threads, which under ASGI are new for every request). A
@@ -15,6 +17,7 @@ round trip per call: a third of all queries of an idle long poll.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -32,6 +35,11 @@ MAX_AGE_S = env_int("LOCKSTEP_DB_THREAD_CONN_MAX_AGE_S", 300)
 
 _executor = ThreadPoolExecutor(
     max_workers=env_int("LOCKSTEP_DB_THREADS", 8), thread_name_prefix="lockstep-db"
+)
+# Command delivery has threads of its own: a woken poll's claim never queues behind a burst of
+# heartbeats, telemetry or re-enrollments (those can wait; a command should not).
+_delivery_executor = ThreadPoolExecutor(
+    max_workers=env_int("LOCKSTEP_DB_DELIVERY_THREADS", 2), thread_name_prefix="lockstep-db-delivery"
 )
 _local = threading.local()
 
@@ -69,12 +77,23 @@ def _with_connection(fn):
 
 async def run_db(fn, *args, **kwargs):
     """Await `fn(*args, **kwargs)` run on the database thread pool."""
+    return await _run(_executor, fn, args, kwargs)
+
+
+async def run_db_for_delivery(fn, *args, **kwargs):
+    """`run_db` on the threads reserved for command delivery."""
+    return await _run(_delivery_executor, fn, args, kwargs)
+
+
+async def _run(executor: ThreadPoolExecutor, fn, args, kwargs):
     if not settings.LOCKSTEP["DB_THREAD_POOL"]:
         # Tests that wrap each test in one transaction need the work on the test's own thread.
         return await sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
-    return await sync_to_async(_with_connection(fn), thread_sensitive=False, executor=_executor)(
-        *args, **kwargs
-    )
+    return await sync_to_async(_with_connection(fn), thread_sensitive=False, executor=executor)(*args, **kwargs)
+
+
+class NoSlot(Exception):
+    """Every slot stayed taken for as long as the caller would wait."""
 
 
 class LoopSlots:
@@ -95,3 +114,16 @@ class LoopSlots:
         if semaphore is None:
             semaphore = self._by_loop[loop] = asyncio.Semaphore(self.size)
         return semaphore
+
+    @contextlib.asynccontextmanager
+    async def within(self, timeout: float):
+        """Hold a slot, waiting at most `timeout` seconds for one (else NoSlot)."""
+        semaphore = self()
+        try:
+            await asyncio.wait_for(semaphore.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise NoSlot(f"no slot free within {timeout} s") from None
+        try:
+            yield
+        finally:
+            semaphore.release()

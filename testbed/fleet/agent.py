@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from agent.backoff import Backoff, retry_after_s
+
 from . import payloads
 from .stats import AgentStats
 
@@ -27,26 +29,16 @@ ENROLL_FATAL = {400, 401, 403, 409}
 
 
 class Transient(Exception):
-    """No usable answer (timeout, refused connection, a 5xx or 429): try again later."""
+    """No usable answer (timeout, refused connection, a 5xx or 429): try again later, and not
+    before `retry_after_s` seconds when the console said so."""
+
+    def __init__(self, message: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class AgentHalted(Exception):
     """The console told this agent to stop (credential refused, node retired, enrollment refused)."""
-
-
-class Backoff:
-    """delay(n) = uniform(0, min(cap, base * 2**n)), reset after a success."""
-
-    def __init__(self, rng: random.Random, base: float, cap: float) -> None:
-        self.rng, self.base, self.cap, self.failures = rng, base, cap, 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
-        self.failures += 1
-        return self.rng.uniform(0, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class SimAgent:
@@ -107,7 +99,7 @@ class SimAgent:
         if status >= 400:
             self.stats.errors[f"{op}:{status}"] += 1
             if status >= 500 or status == 429:
-                raise Transient(f"{op}: HTTP {status}")
+                raise Transient(f"{op}: HTTP {status}", retry_after_s(response.headers.get("Retry-After")))
             if status in (401, 403) and auth:
                 code = data.get("error", "") if isinstance(data, dict) else ""
                 self._halt("stopped", f"{op} answered {status} {code}".strip())
@@ -171,15 +163,15 @@ class SimAgent:
         body = {"token": cfg.token, "host": payloads.host_facts(self.hostname, self.machine_id)}
         if cfg.cluster_id is not None:
             body["cluster_id"] = cfg.cluster_id
-        backoff = Backoff(self.rng, cfg.backoff_base_s, cfg.backoff_cap_s)
+        backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, self.rng.random)
         while True:
             self.stats.enroll_attempts += 1
             try:
                 async with self.fleet.enroll_gate:
                     status, data = await self._call("enroll", "POST", "/api/v1/agent/enroll", body=body,
                                                     timeout=cfg.request_timeout_s, auth=False)
-            except Transient:
-                await self._pause(backoff.next_delay())
+            except Transient as exc:
+                await self._pause(backoff.after(exc.retry_after_s))
                 continue
             if status == 201:
                 break
@@ -196,13 +188,13 @@ class SimAgent:
     async def put_inventory(self) -> None:
         cfg = self.fleet.config
         doc = payloads.inventory(self.hostname, self.machine_id, cfg.gpus, cfg.rails)
-        backoff = Backoff(self.rng, cfg.backoff_base_s, cfg.backoff_cap_s)
+        backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, self.rng.random)
         while True:
             try:
                 status, _ = await self._call("inventory", "PUT", "/api/v1/agent/inventory", body=doc,
                                              timeout=cfg.request_timeout_s)
-            except Transient:
-                await self._pause(backoff.next_delay())
+            except Transient as exc:
+                await self._pause(backoff.after(exc.retry_after_s))
                 continue
             if status == 200:
                 self.stats.inventories += 1
@@ -214,15 +206,15 @@ class SimAgent:
         cfg = self.fleet.config
         wait = self.poll_wait_s if self.poll_wait_s is not None else 25.0
         params = {"wait": f"{wait:g}", "max": str(cfg.poll_max)}
-        backoff = Backoff(self.rng, cfg.backoff_base_s, cfg.backoff_cap_s)
+        backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, self.rng.random)
         while True:
             self.stats.polls_in_flight = 1
             self.fleet.polls_in_flight += 1
             try:
                 status, data = await self._call("poll", "GET", "/api/v1/agent/commands", params=params,
                                                 timeout=wait + cfg.request_timeout_s)
-            except Transient:
-                await self._pause(backoff.next_delay())
+            except Transient as exc:
+                await self._pause(backoff.after(exc.retry_after_s))
                 continue
             finally:
                 self.stats.polls_in_flight = 0
@@ -273,13 +265,13 @@ class SimAgent:
 
     async def _post_result(self, command_id: str, body: dict) -> None:
         cfg = self.fleet.config
-        backoff = Backoff(self.rng, cfg.backoff_base_s, cfg.backoff_cap_s)
+        backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, self.rng.random)
         for _ in range(cfg.result_attempts):
             try:
                 status, data = await self._call("result", "POST", f"/api/v1/agent/commands/{command_id}/result",
                                                 body=body, timeout=cfg.request_timeout_s)
-            except Transient:
-                await self._pause(backoff.next_delay())
+            except Transient as exc:
+                await self._pause(backoff.after(exc.retry_after_s))
                 continue
             self.stats.results_posted += 1
             if status == 200 and data.get("accepted"):
@@ -290,7 +282,7 @@ class SimAgent:
     async def _heartbeat_loop(self) -> None:
         cfg = self.fleet.config
         interval = self.heartbeat_s if self.heartbeat_s is not None else 15.0
-        backoff = Backoff(self.rng, cfg.backoff_base_s, min(cfg.backoff_cap_s, interval))
+        backoff = Backoff(cfg.backoff_base_s, min(cfg.backoff_cap_s, interval), self.rng.random)
         await self._pause(self.rng.uniform(0, interval))  # agents do not start in lockstep
         while True:
             body = {"agent_version": payloads.AGENT_VERSION, "uptime_s": round(self.uptime(), 1),
@@ -298,8 +290,8 @@ class SimAgent:
             try:
                 status, _ = await self._call("heartbeat", "POST", "/api/v1/agent/heartbeat", body=body,
                                              timeout=cfg.request_timeout_s)
-            except Transient:
-                await self._pause(backoff.next_delay())
+            except Transient as exc:
+                await self._pause(backoff.after(exc.retry_after_s))
                 continue
             if status == 200:
                 self.stats.heartbeats += 1
@@ -312,7 +304,7 @@ class SimAgent:
         cfg = self.fleet.config
         period = cfg.telemetry_every_s or 0.0
         loop = asyncio.get_running_loop()
-        backoff = Backoff(self.rng, cfg.backoff_base_s, cfg.backoff_cap_s)
+        backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, self.rng.random)
         stopping = self.fleet.telemetry_stopping
         await self._idle(self.rng.uniform(0, period), stopping)
         while not stopping.is_set():
@@ -323,8 +315,8 @@ class SimAgent:
                 try:
                     status, data = await self._call("telemetry", "POST", "/api/v1/agent/telemetry", body=batch,
                                                     timeout=cfg.request_timeout_s)
-                except Transient:
-                    await self._pause(backoff.next_delay())
+                except Transient as exc:
+                    await self._pause(backoff.after(exc.retry_after_s))
                     continue
                 break
             backoff.reset()

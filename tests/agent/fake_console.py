@@ -226,10 +226,13 @@ class FakeConsole:
             self._expire_leases(time.monotonic())
             self.cond.notify_all()
 
-    def inject(self, path_regex: str, mode: str | int, times: int = 1, method: str | None = None) -> None:
-        """Next ``times`` requests matching: ``"drop_before"``, ``"drop_after"`` or a status code."""
+    def inject(self, path_regex: str, mode: str | int, times: int = 1, method: str | None = None,
+               retry_after: int | None = None) -> None:
+        """Next ``times`` requests matching: ``"drop_before"``, ``"drop_after"`` or a status code
+        (with a ``Retry-After`` header when ``retry_after`` is given)."""
         with self.cond:
-            self.faults.append({"re": re.compile(path_regex), "mode": mode, "times": times, "method": method})
+            self.faults.append({"re": re.compile(path_regex), "mode": mode, "times": times, "method": method,
+                                "retry_after": retry_after})
 
     def clear_faults(self) -> None:
         with self.cond:
@@ -447,14 +450,14 @@ def _make_handler(console: FakeConsole):
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
-        def _fault(self) -> str | int | None:
+        def _fault(self) -> dict | None:
             with console.cond:
                 for fault in console.faults:
                     if fault["times"] > 0 and fault["re"].search(self.path) and (
                         fault["method"] in (None, self.command)
                     ):
                         fault["times"] -= 1
-                        return fault["mode"]
+                        return fault
             return None
 
         def _abort(self) -> None:
@@ -470,11 +473,13 @@ def _make_handler(console: FakeConsole):
             except OSError:
                 return True
 
-        def _send(self, status: int, payload: dict) -> None:
+        def _send(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
             with console.cond:
@@ -494,11 +499,14 @@ def _make_handler(console: FakeConsole):
                     self._abort()
                     return
             fault = self._fault()
-            if fault == "drop_before":
+            mode = fault["mode"] if fault else None
+            if mode == "drop_before":
                 self._abort()
                 return
-            if isinstance(fault, int):
-                self._send(fault, {"error": "injected", "detail": f"injected {fault}"})
+            if isinstance(mode, int):
+                retry_after = fault["retry_after"]
+                self._send(mode, {"error": "injected", "detail": f"injected {mode}"},
+                           {"Retry-After": str(retry_after)} if retry_after is not None else None)
                 return
             parts = urlsplit(self.path)
             path = parts.path
@@ -533,7 +541,7 @@ def _make_handler(console: FakeConsole):
                         status, payload = console._inventory(node, body, size)
                     else:
                         status, payload = 404, {"error": "not_found", "detail": "no such endpoint"}
-            if fault == "drop_after":
+            if mode == "drop_after":
                 self._abort()
                 return
             self._send(status, payload)

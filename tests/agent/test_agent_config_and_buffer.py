@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from agent.backoff import Backoff
+from agent.backoff import Backoff, retry_after_s
 from agent.config import ConfigError, from_values, load, parse_env_file
 from agent.state import Credential, load_credential, save_credential
 from agent.telemetry import TelemetryBuffer
@@ -91,6 +91,14 @@ def test_backoff_is_exponential_full_jitter_and_capped():
     real = Backoff(base=1, cap=8)
     delays = [real.next_delay() for _ in range(200)]
     assert all(0 <= d <= 8 for d in delays) and len(set(delays)) > 100
+
+
+def test_a_retry_after_from_the_console_is_waited_out_up_to_the_cap():
+    b = Backoff(base=0.5, cap=30.0, rand=lambda: 0.0)
+    assert b.after(retry_after_s("10")) == 10.0
+    assert b.after(retry_after_s("3600")) == 30.0  # never longer than the cap
+    assert b.after(retry_after_s(None)) == 0.0
+    assert retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT") == 0.0 and retry_after_s("-5") == 0.0
 
 
 # -- telemetry buffer --------------------------------------------------------------------------

@@ -195,6 +195,16 @@ def test_a_lost_telemetry_answer_is_a_harmless_duplicate(console, start_daemon):
     assert [b["seq"] for b in console.telemetry_batches(node)] == [1]
 
 
+def test_a_busy_console_is_not_asked_again_before_its_retry_after(console, start_daemon):
+    running = start_daemon(console, enroll_token=console.create_token(), backoff_max_s="5")
+    node = node_of(running)
+    console.inject(r"/telemetry$", 503, times=1, retry_after=2)
+    telemetry.emit("test.sample", {"i": 0})
+    wait_for(lambda: console.telemetry_records(node), 15, "the batch after the busy answer")
+    (busy, *_), (stored, *_) = [r for r in console.requests(r"/telemetry$")][:2]
+    assert stored - busy >= 2.0, f"asked again {stored - busy:.2f} s after a 503 with Retry-After: 2"
+
+
 def test_revoked_credential_stops_traffic_until_reenrolled(console, start_daemon, tmp_path, capsys):
     state = tmp_path / "state"
     running = start_daemon(console, state_dir=state, enroll_token=console.create_token())

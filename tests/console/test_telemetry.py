@@ -122,3 +122,28 @@ async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(w
     assert response.status_code == 202 and response.json() == {"accepted": 2}, response.content
     assert await sync_to_async(TelemetryRecord.objects.filter(batch__node=fleet.node, batch__seq=7).count)() == 2
     await sync_to_async(connections.close_all)()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_batch_that_waits_too_long_for_a_slot_is_answered_503_and_not_stored(world, monkeypatch, settings):
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+    from django.test import AsyncClient
+
+    from api.agent import views
+    from console.core.asyncdb import LoopSlots
+
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "TELEMETRY_QUEUE_WAIT_S": 0}
+    fleet = await sync_to_async(make_fleet)(world.acme)
+    slots = LoopSlots(1)
+    monkeypatch.setattr(views, "TELEMETRY_SLOTS", slots)
+    async with slots():
+        response = await AsyncClient().post(
+            "/api/v1/agent/telemetry", json.dumps({"seq": 8, "records": _records(2)}),
+            content_type="application/json", headers={"Authorization": f"Bearer {fleet.credential}"},
+        )
+    assert response.status_code == 503 and response.json()["error"] == "busy"
+    assert response.headers["Retry-After"] == str(views.TELEMETRY_RETRY_AFTER_S)
+    assert not await sync_to_async(TelemetryBatch.objects.filter(node=fleet.node, seq=8).exists)()
+    await sync_to_async(connections.close_all)()

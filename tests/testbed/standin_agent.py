@@ -1,4 +1,7 @@
-"""A stand-in for the node agent (until `python -m agent run` lands): posts its environment.
+"""A stand-in for the node agent that posts its environment, so tests/testbed/test_agents.py can
+check what the testbed hands each agent (identity, token, state directory) and its start, freeze
+and restart mechanics. The real agent against the real console in namespaces is exercised by
+tests/integration/test_demo.py (emulated mode).
 
 Every 0.1 s it POSTs {hostname, machine_id, token, cluster_id, pid, starts} as JSON to
 $LOCKSTEP_CONSOLE_URL/api/v1/agent/heartbeat, and counts its starts in $LOCKSTEP_STATE_DIR.

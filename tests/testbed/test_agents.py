@@ -1,6 +1,7 @@
 """Agents in every host namespace reach a console on the management network; stop, restart,
-freeze and thaw them. Uses a stand-in agent process and a stub console (an HTTP server in the
-root namespace on the management bridge address)."""
+freeze and thaw them. Uses a stand-in agent process that reports what it was given and a stub
+console (an HTTP server in the root namespace on the management bridge address); the real agent
+and console in namespaces: tests/integration/test_demo.py."""
 
 from __future__ import annotations
 

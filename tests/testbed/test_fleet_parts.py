@@ -11,7 +11,6 @@ import pytest
 from console.fleet.inventory import validate_inventory
 from console.telemetry.ingest import parse_batch
 from testbed.fleet import FleetConfig, Histogram, payloads
-from testbed.fleet.agent import Backoff
 
 
 def test_histogram_percentiles_are_within_a_few_percent_of_the_exact_ones():
@@ -31,16 +30,6 @@ def test_histogram_percentiles_are_within_a_few_percent_of_the_exact_ones():
     assert hist.max == 100.0 and hist.count == len(values) + 1
     assert Histogram().summary() == {"count": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0,
                                      "max_ms": 0.0}
-
-
-def test_backoff_grows_with_jitter_up_to_its_cap_and_resets():
-    backoff = Backoff(random.Random(1), base=0.5, cap=4.0)
-    delays = [backoff.next_delay() for _ in range(200)]
-    assert all(0 <= d <= 4.0 for d in delays)
-    assert max(delays[:1]) <= 0.5 and max(delays[10:]) > 2.0
-    assert len({round(d, 6) for d in delays[10:]}) > 100  # jittered, not a fixed schedule
-    backoff.reset()
-    assert backoff.next_delay() <= 0.5
 
 
 def test_payloads_are_what_the_console_accepts_and_stable_per_host():
