@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
@@ -61,3 +62,33 @@ def test_the_cli_explains_itself_and_refuses_bad_arguments():
     refused = subprocess.run([sys.executable, "-m", "testbed.fleet", "run", "--console", "http://127.0.0.1:1",
                               "--agents", "-3"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "must be ≥ 0" in refused.stderr
+
+
+def test_a_busy_answer_carries_the_consoles_retry_after_to_the_simulated_agent():
+    from aiohttp import web
+
+    from testbed.fleet.agent import Transient
+    from testbed.fleet.fleet import Fleet, FleetConfig
+
+    async def busy(request):
+        return web.json_response({"error": "busy"}, status=503, headers={"Retry-After": "10"})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/api/v1/agent/telemetry", busy)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with Fleet(FleetConfig(console=f"http://127.0.0.1:{port}", token="lse_x", agents=1)) as fleet:
+                agent = fleet.agents[0]
+                with pytest.raises(Transient) as refused:
+                    await agent._call("telemetry", "POST", "/api/v1/agent/telemetry", body={}, timeout=5)
+                return refused.value.retry_after_s, agent.stats.errors
+        finally:
+            await runner.cleanup()
+
+    retry_after, errors = asyncio.run(main())
+    assert retry_after == 10.0 and errors["telemetry:503"] == 1
