@@ -6,8 +6,12 @@ import asyncio
 import json
 
 import pytest
-from django.test import Client
+from asgiref.sync import sync_to_async
+from django.db import connections
+from django.test import AsyncClient, Client
 
+from api.agent import views
+from console.core.asyncdb import LoopSlots
 from console.fleet.models import Node
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
 from tests.factories import make_fleet
@@ -98,13 +102,6 @@ def test_tenants_read_their_telemetry_filtered_by_kind(world, fleet):
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(world, monkeypatch):
-    from asgiref.sync import sync_to_async
-    from django.db import connections
-    from django.test import AsyncClient
-
-    from api.agent import views
-    from console.core.asyncdb import LoopSlots
-
     fleet = await sync_to_async(make_fleet)(world.acme)
     slots = LoopSlots(1)
     monkeypatch.setattr(views, "TELEMETRY_SLOTS", slots)
@@ -127,13 +124,6 @@ async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(w
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 async def test_a_batch_that_waits_too_long_for_a_slot_is_answered_503_and_not_stored(world, monkeypatch, settings):
-    from asgiref.sync import sync_to_async
-    from django.db import connections
-    from django.test import AsyncClient
-
-    from api.agent import views
-    from console.core.asyncdb import LoopSlots
-
     settings.LOCKSTEP = {**settings.LOCKSTEP, "TELEMETRY_QUEUE_WAIT_S": 0}
     fleet = await sync_to_async(make_fleet)(world.acme)
     slots = LoopSlots(1)
