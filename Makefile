@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-sqlite lint host-packages agent-package clean
 
-$(STAMP): requirements/console.txt requirements/agent.txt requirements/dev.txt
+$(STAMP): requirements/console.txt requirements/agent.txt requirements/runtime.txt requirements/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
