@@ -24,7 +24,7 @@ from agent.commands.registry import Arg, ArgError, CommandContext, command
 from agent.inventory.gpus import load_nvml
 from agent.inventory.paths import HostPaths
 
-from . import node
+from . import loadgen, node
 from .thresholds import PROFILES
 
 _HARDWARE = (*PROFILES, "generic")
@@ -131,3 +131,27 @@ def audit_nic(args: dict, ctx: CommandContext) -> dict:
          description="Clock sync and the host facts the fleet must agree on.")
 def audit_host(args: dict, ctx: CommandContext) -> dict:
     return _run(["host"], args, ctx)
+
+
+LOAD_ARGS = {
+    "run": Arg(int, required=True, min=0, max=2**32 - 1, help="the audit run id (stray packets of others are ignored)"),
+    "start_at": Arg(float, required=True, help="unix time when every agent starts sending"),
+    "duration_s": Arg(float, required=True, min=0.1, max=600),
+    "window_s": Arg(float, default=1.0, min=0.1, max=60),
+    "grace_s": Arg(float, default=1.0, min=0.0, max=30, help="how long receivers wait for late packets"),
+    "packet_bytes": Arg(int, default=1400, min=24, max=65000),
+    "protocol": Arg(str, default="udp", choices=("udp", "tcp")),
+    "flows": Arg(list, items=dict, default=[], max_len=4096,
+                 help='[{"id", "src", "src_addr", "device", "dst", "dst_addr", "sport", "dport", "rate_mbit"}]'),
+    "listen": Arg(list, items=dict, default=[], max_len=256,
+                  help='[{"nic", "addr", "device", "port", "flows": [{"id", "src"}]}]'),
+}
+
+
+@command("audit.load", timeout_s=900, args=LOAD_ARGS,
+         description="Send and receive the traffic plan's flows at start_at; per-window throughput, loss and delay.")
+def audit_load(args: dict, ctx: CommandContext) -> dict:
+    try:
+        return loadgen.run_load(args, cancelled=ctx.cancelled, clock=ctx.services.get("clock"))
+    except loadgen.LoadError as exc:
+        raise ArgError(str(exc)) from None
