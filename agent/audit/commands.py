@@ -81,15 +81,20 @@ NODE_ARGS = {
 }
 
 
-def _run(sections: list[str], args: dict, ctx: CommandContext) -> dict:
+def checked_node_args(sections: list[str], args: dict) -> dict:
+    """The node arguments with their nested lists checked; ArgError names the bad item."""
     unknown = [s for s in sections if s not in node.SECTIONS]
     if unknown:
         raise ArgError(f"argument sections: {unknown[0]!r} is not one of {', '.join(node.SECTIONS)}")
     rails = _dict_items(args, "rails", {"rail": (int, True), "nic": (str, True), "gpu": (int, False)})
     nics = _dict_items(args, "nics", {"device": (str, True), "rail": (int, False), "mtu": (int, False),
                                       "speed_mbps": (int, False), "firmware": (str, False)})
+    return dict(args) | {"rails": rails, "nics": nics}
+
+
+def _run(sections: list[str], args: dict, ctx: CommandContext) -> dict:
+    checked = checked_node_args(sections, args)
     paths, nvml, reason = _paths_and_nvml(ctx)
-    checked = dict(args) | {"rails": rails, "nics": nics}
     return node.run(sections, paths, nvml, checked, nvml_reason=reason, clock_service=ctx.services.get("clock"))
 
 

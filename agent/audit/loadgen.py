@@ -14,6 +14,10 @@ takes the kernel's receive timestamp (``SO_TIMESTAMPNS``) of each datagram. Both
 received counts describe the same packets; the console merges them into
 ``lockstep.observations/v1`` windows (``workers.trafficplan.windows``).
 
+A datagram the sending host's own netfilter drops (``sendto`` fails with ``EPERM``) counts as
+sent and lost (``local_drops``): it left the application and never reached the wire. Other send
+errors (no route, no buffer) count as not sent (``send_errors``).
+
 A sender that falls behind its schedule by more than ``MAX_LAG_S`` (a busy host) skips the
 missed slots instead of bursting them, and reports how many it skipped: what was sent is what
 was offered, so a busy sender never shows up as loss on the network.
@@ -226,7 +230,7 @@ def _udp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled:
     start = win.start_ns / 1e9
     for i, f in enumerate(flows):
         entry = {"flow": f["id"], "src": f["src"], "dst": f["dst"], "sport": f["sport"], "sent": [0] * win.windows,
-                 "bytes": [0] * win.windows, "skipped": 0, "send_errors": 0, "lag_max_ms": 0.0}
+                 "bytes": [0] * win.windows, "skipped": 0, "send_errors": 0, "local_drops": 0, "lag_max_ms": 0.0}
         tx.append(entry)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -270,8 +274,15 @@ def _udp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled:
                 if 0 <= w < win.windows:
                     entry["sent"][w] += 1
                     entry["bytes"][w] += size
+            except PermissionError:
+                # this host's own netfilter dropped it on the way out (EPERM): it left the
+                # application and never reached the wire, which is loss on this NIC's path
+                entry["local_drops"] += 1
+                if 0 <= w < win.windows:
+                    entry["sent"][w] += 1
+                    entry["bytes"][w] += size
             except OSError:
-                entry["send_errors"] += 1  # ENOBUFS and friends: not sent, so not counted as sent
+                entry["send_errors"] += 1  # not sent (no route, no buffer), so not counted as sent
             heapq.heapreplace(heap, (due + interval, i, interval, seq + 1))
     finally:
         for s in socks:
