@@ -2,6 +2,7 @@
 
     python -m agent.audit node [--sections gpu,pcie,affinity,nic,host] [--args JSON] [--sysfs-root DIR]
     python -m agent.audit load SPEC.json
+    python -m agent.audit collective --args JSON
 
 ``node`` prints the ``lockstep.audit.node/v1`` report (``--args``: the ``audit.node`` command's
 arguments as JSON, e.g. ``'{"mtu": 4200, "nics": [{"device": "enp25s0np0"}]}'``); ``load`` runs
@@ -15,8 +16,8 @@ import argparse
 import json
 import sys
 
-from agent.audit import loadgen, node
-from agent.audit.commands import NODE_ARGS, checked_node_args
+from agent.audit import collective, loadgen, node
+from agent.audit.commands import COLLECTIVE_ARGS, NODE_ARGS, checked_node_args
 from agent.commands.registry import ArgError, validate_args
 from agent.inventory.gpus import load_nvml
 from agent.inventory.paths import HostPaths
@@ -32,9 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sysfs-root", help="read sysfs from DIR (a recorded tree) instead of /sys")
     p = sub.add_parser("load", help="run the load generator from a spec file and print its result")
     p.add_argument("spec", help="JSON file with the audit.load arguments")
+    p = sub.add_parser("collective", help="run this node's ranks of the collective test and print the result")
+    p.add_argument("--args", required=True, help="the audit.collective arguments as a JSON object")
     args = parser.parse_args(argv)
     if args.cmd == "load":
         return loadgen.main([args.spec])
+    if args.cmd == "collective":
+        try:
+            checked = validate_args(COLLECTIVE_ARGS, json.loads(args.args))
+            print(json.dumps(collective.run(checked)))
+        except (ValueError, ArgError) as exc:
+            print(f"python -m agent.audit collective: {exc}", file=sys.stderr)
+            return 2
+        return 0
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     try:
         checked = checked_node_args(sections, validate_args(NODE_ARGS, json.loads(args.args)))

@@ -9,7 +9,7 @@
 | ``audit.nic``     | NIC link, speed, MTU, firmware, error counters                    |
 | ``audit.host``    | clock sync and the facts the fleet must agree on                  |
 | ``audit.load``    | timed UDP/TCP flows of the traffic plan, measured at both ends    |
-| ``audit.collective`` | a torch.distributed collective, bus bandwidth as nccl-tests    |
+| ``audit.collective``| a torch.distributed collective, bus bandwidth as nccl-tests     |
 
 Results: ``lockstep.audit.node/v1`` reports (``agent.audit.results``), the load generator's
 ``lockstep.audit.load/v1`` and the collective's ``lockstep.audit.collective/v1``
@@ -24,7 +24,7 @@ from agent.commands.registry import Arg, ArgError, CommandContext, command
 from agent.inventory.gpus import load_nvml
 from agent.inventory.paths import HostPaths
 
-from . import loadgen, node
+from . import collective, loadgen, node
 from .thresholds import PROFILES
 
 _HARDWARE = (*PROFILES, "generic")
@@ -159,4 +159,35 @@ def audit_load(args: dict, ctx: CommandContext) -> dict:
     try:
         return loadgen.run_load(args, cancelled=ctx.cancelled, clock=ctx.services.get("clock"))
     except loadgen.LoadError as exc:
+        raise ArgError(str(exc)) from None
+
+
+COLLECTIVE_ARGS = {
+    "init": Arg(str, required=True, max_len=200, help="rendezvous, tcp://ADDR:PORT (rank 0's node)"),
+    "world_size": Arg(int, required=True, min=1, max=65536),
+    "rank_offset": Arg(int, default=0, min=0, help="global rank of this node's first local rank"),
+    "local_ranks": Arg(int, default=1, min=1, max=64, help="ranks on this node (one per GPU with nccl)"),
+    "backend": Arg(str, default="gloo", choices=("gloo", "nccl")),
+    "op": Arg(str, default="all_reduce",
+              choices=("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce")),
+    "sizes": Arg(list, items=int, default=[1 << 20, 1 << 24], max_len=32, help="nccl-tests sizes in bytes"),
+    "iters": Arg(int, default=20, min=1, max=10000),
+    "warmup": Arg(int, default=5, min=0, max=1000),
+    "dtype": Arg(str, default="float32", choices=("float32", "float16", "bfloat16", "float64")),
+    "ifname": Arg(str, max_len=15, help="the NIC the ranks bind to (GLOO/NCCL_SOCKET_IFNAME)"),
+    "env": Arg(dict, default={}, help="NCCL_*/GLOO_* settings, e.g. {\"NCCL_IB_HCA\": \"mlx5_0\"}"),
+    "python": Arg(str, max_len=256, help="a python with torch (default: the agent's)"),
+    "hardware": Arg(str, choices=_HARDWARE),
+    "threshold": Arg(str, choices=("all_reduce_intra_node_busbw_gbs", "per_nic_busbw_gbs")),
+    "min_busbw_gbs": Arg(float, min=0),
+    "timeout_s": Arg(float, default=300, min=1, max=3600),
+}
+
+
+@command("audit.collective", timeout_s=3600, args=COLLECTIVE_ARGS,
+         description="This node's ranks of a torch.distributed collective; bus bandwidth as nccl-tests.")
+def audit_collective(args: dict, ctx: CommandContext) -> dict:
+    try:
+        return collective.run(args, cancelled=ctx.cancelled)
+    except ValueError as exc:
         raise ArgError(str(exc)) from None
