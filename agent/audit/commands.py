@@ -25,6 +25,7 @@ from agent.inventory.gpus import load_nvml
 from agent.inventory.paths import HostPaths
 
 from . import collective, loadgen, node
+from . import host as host_checks
 from .thresholds import PROFILES
 
 _HARDWARE = (*PROFILES, "generic")
@@ -40,8 +41,9 @@ def _paths_and_nvml(ctx: CommandContext) -> tuple[HostPaths, Any, str | None]:
     return paths, nvml, reason
 
 
-def _dict_items(args: dict, name: str, fields: dict[str, tuple[type, bool]]) -> list[dict] | None:
-    """Validate a list of objects argument: each item's fields (type, required); errors name the item."""
+def _dict_items(args: dict, name: str, fields: dict[str, tuple]) -> list[dict] | None:
+    """Validate a list of objects argument: each item's fields (type, required[, minimum, maximum]);
+    errors name the item."""
     value = args.get(name)
     if value is None:
         return None
@@ -52,7 +54,7 @@ def _dict_items(args: dict, name: str, fields: dict[str, tuple[type, bool]]) -> 
         unknown = sorted(set(item) - set(fields))
         if unknown:
             raise ArgError(f"argument {name}[{i}] has an unknown key {unknown[0]!r} (known: {', '.join(fields)})")
-        for key, (typ, required) in fields.items():
+        for key, (typ, required, *bounds) in fields.items():
             if key not in item or item[key] is None:
                 if required:
                     raise ArgError(f"argument {name}[{i}].{key} is required")
@@ -60,8 +62,13 @@ def _dict_items(args: dict, name: str, fields: dict[str, tuple[type, bool]]) -> 
             ok = isinstance(item[key], typ) and not (typ is int and isinstance(item[key], bool))
             if not ok:
                 raise ArgError(f"argument {name}[{i}].{key} must be {typ.__name__}, not {type(item[key]).__name__}")
-            if typ is int and item[key] < 0:
-                raise ArgError(f"argument {name}[{i}].{key} must not be negative")
+            low, high = (bounds + [0, None])[:2] if typ is int else (None, None)
+            if low is not None and item[key] < low:
+                raise ArgError(f"argument {name}[{i}].{key} must be at least {low}, not {item[key]}")
+            if high is not None and item[key] > high:
+                raise ArgError(f"argument {name}[{i}].{key} must be at most {high}, not {item[key]}")
+            if typ is str and len(item[key]) > 200:
+                raise ArgError(f"argument {name}[{i}].{key} is longer than 200")
         out.append(item)
     return out
 
@@ -86,9 +93,13 @@ def checked_node_args(sections: list[str], args: dict) -> dict:
     unknown = [s for s in sections if s not in node.SECTIONS]
     if unknown:
         raise ArgError(f"argument sections: {unknown[0]!r} is not one of {', '.join(node.SECTIONS)}")
-    rails = _dict_items(args, "rails", {"rail": (int, True), "nic": (str, True), "gpu": (int, False)})
-    nics = _dict_items(args, "nics", {"device": (str, True), "rail": (int, False), "mtu": (int, False),
-                                      "speed_mbps": (int, False), "firmware": (str, False)})
+    rails = _dict_items(args, "rails", {"rail": (int, True, 0, 63), "nic": (str, True), "gpu": (int, False, 0, 63)})
+    nics = _dict_items(args, "nics", {"device": (str, True), "rail": (int, False, 0, 63),
+                                      "mtu": (int, False, 68, 65536), "speed_mbps": (int, False, 1),
+                                      "firmware": (str, False)})
+    unknown = sorted(set(args.get("expect") or {}) - set(host_checks.COMPARABLE))
+    if unknown:
+        raise ArgError(f"argument expect has an unknown key {unknown[0]!r} (known: {', '.join(host_checks.COMPARABLE)})")
     return dict(args) | {"rails": rails, "nics": nics}
 
 
