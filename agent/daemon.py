@@ -191,7 +191,9 @@ class Daemon:
         )
         telemetry.set_sink(self.buffer)
         self.poster = ResultPoster(self)
-        services = {"inventory": self.collect_inventory, "health": self.health}
+        # "host_paths" and "nvml": where command handlers (the audit checks) read the host from
+        services = {"inventory": self.collect_inventory, "health": self.health, "host_paths": self.paths,
+                    "nvml": self.nvml}
         self.runner = CommandRunner(
             self.registry, self.store, self.poster.notify, emit=self.buffer.emit, services=services,
             workers=self.workers,

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import nvmlshim
 from .fabric import DEFAULT_PREFIX, Fabric, default_base_dir
 from .netops import TestbedError, require_root_and_netns
 from .topogen import generate
@@ -31,6 +32,10 @@ examples:
   python -m testbed status
   python -m testbed fault link-loss 'leaf-su00-r0~spine-p0-00#0' --rate 0.05 --direction 'a>b'
   python -m testbed fault host-stall node0003
+  python -m testbed fault link-police 'node0001/nic0~leaf-su00-r0' --mbit 5     (passes idle, drops loaded)
+  python -m testbed fault nic-mtu node0002/nic1 --mtu 1200
+  python -m testbed fault switch-ecmp-off leaf-su00-r1
+  python -m testbed fault node-gpu node0003 --defect remap-pending --gpu 2     (agents with --fake-nvml)
   python -m testbed heal f1            (or: heal --all)
   python -m testbed agents start --console-url http://10.201.0.1:8000 --token lse_... --cluster-id 1
   python -m testbed exec node0000 -- ping -c1 172.16.0.3
@@ -114,6 +119,22 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("nic", help="NIC name, e.g. node0000/nic1")
     f = fsub.add_parser("host-stall", help="freeze every process in a host (agent, responders)")
     f.add_argument("host", help="host name")
+    f = fsub.add_parser("link-police", help="drop what exceeds a rate (nftables limit): passes idle, fails loaded")
+    f.add_argument("link", help="link id")
+    f.add_argument("--mbit", type=float, required=True, help="rate in Mbit/s above which packets are dropped")
+    f.add_argument("--direction", default="both", help=direction_help + " (default both)")
+    f.add_argument("--burst-kb", type=float, help="burst tolerated in kB (default ~2 ms of traffic)")
+    f = fsub.add_parser("nic-mtu", help="set a NIC's MTU inside its host (the fabric keeps its own)")
+    f.add_argument("nic", help="NIC name, e.g. node0000/nic1")
+    f.add_argument("--mtu", type=int, required=True, help="the wrong MTU, e.g. 1200 or 9000")
+    f = fsub.add_parser("switch-ecmp-off", help="ECMP hashing off on a switch: every flow on one uplink")
+    f.add_argument("switch", help="switch name")
+    f = fsub.add_parser("node-gpu", help="a GPU defect in a host's NVML fake (agents started with --fake-nvml)")
+    f.add_argument("host", help="host name")
+    f.add_argument("--defect", required=True,
+                   help="ecc, remap-pending, remap-failure, pcie-gen4-x8, xid, throttle-thermal, power-brake, "
+                        "nvlink-down, fabric-not-started, persistence-off, power-capped, lost")
+    f.add_argument("--gpu", type=int, default=0, help="GPU index (default 0)")
     fsub.add_parser("list", help="active faults")
     fsub.add_parser("log", help="the fault log (JSON lines: start/end events)")
     f = fsub.add_parser("truth", help="ground truth as a lockstep.verdict/v1 document")
@@ -137,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--cmd", help="agent command line; placeholders {python} {repo} {host} {ns} {state_dir} "
                                  "{mgmt_address} {console_url} (default: '{python} -m agent run')")
     a.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    a.add_argument("--fake-nvml", metavar="MACHINE", choices=("hgx_h100", "dgx_h100", "l40s"),
+                   help="agents see this machine's GPUs through the NVML fake (testbed/nvmlshim), so "
+                        "`fault node-gpu` can inject GPU defects")
     a.add_argument("hosts", nargs="*", help="only these hosts (default all)")
     for action, text in (("stop", "stop agents (SIGTERM, then SIGKILL)"), ("restart", "stop and start again"),
                          ("freeze", "freeze agents (cgroup freezer / SIGSTOP)"), ("thaw", "resume frozen agents")):
@@ -291,6 +315,14 @@ def _fault(fab: Fabric, args: argparse.Namespace) -> int:
         fid = fab.fault_switch_loss(args.switch, rate=args.rate)
     elif kind == "nic-down":
         fid = fab.fault_nic_down(args.nic)
+    elif kind == "link-police":
+        fid = fab.fault_link_police(args.link, rate_mbit=args.mbit, direction=args.direction, burst_kb=args.burst_kb)
+    elif kind == "nic-mtu":
+        fid = fab.fault_nic_mtu(args.nic, mtu=args.mtu)
+    elif kind == "switch-ecmp-off":
+        fid = fab.fault_switch_ecmp_off(args.switch)
+    elif kind == "node-gpu":
+        fid = fab.fault_node_gpu(args.host, defect=args.defect, gpu=args.gpu)
     else:
         fid = fab.fault_host_stall(args.host)
     print(fid)
@@ -306,6 +338,8 @@ def _agents(fab: Fabric, args: argparse.Namespace) -> int:
             if not sep or not key:
                 raise TestbedError(f"--env {item!r}: use KEY=VALUE")
             env[key] = value
+        if args.fake_nvml:
+            env |= nvmlshim.agent_env(args.fake_nvml)
         url = args.console_url or fab.console_url(args.console_port)
         started = fab.start_agents(console_url=url, token=args.token, cluster_id=args.cluster_id,
                                    argv=shlex.split(args.cmd) if args.cmd else None, hosts=hosts, env=env)

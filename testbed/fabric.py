@@ -33,6 +33,7 @@ from workers.fabric.topology import Topology, TopologyError, parse_topology
 
 from . import netops, procs
 from .agents import AgentsMixin
+from .auditfaults import AuditFaultsMixin
 from .faults import FaultsMixin
 from .netops import TestbedError
 from .plan import Plan, PlanError, build_plan, check_prefix, default_mgmt_subnet, ns_re, root_link_re
@@ -64,7 +65,7 @@ def load_topology(source: Topology | dict | str | os.PathLike) -> Topology:
         raise TestbedError(f"{path}: {exc}") from exc
 
 
-class Fabric(FaultsMixin, AgentsMixin):
+class Fabric(AuditFaultsMixin, FaultsMixin, AgentsMixin):
     """A running emulated cluster. Create with `Fabric.up`, reopen with `Fabric.attach`."""
 
     def __init__(self, state_dir: Path, state: dict):
@@ -398,7 +399,7 @@ class Fabric(FaultsMixin, AgentsMixin):
 
         def apply(ns: str) -> None:
             down = frozenset(link["ifname"] for link in netops.links(ns) if "UP" not in link.get("flags", []))
-            netops.ip_batch(self.plan.routes(ns, withdrawn, down), ns=ns)
+            netops.ip_batch(self._route_lines(ns, withdrawn, down), ns=ns)
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(apply, targets))

@@ -22,7 +22,7 @@ from agent.commands.registry import (
 )
 
 # Modules that ship with the agent and register command types when imported.
-BUILTIN_MODULES = ("agent.commands.builtin",)
+BUILTIN_MODULES = ("agent.commands.builtin", "agent.audit.commands")
 
 
 def load_modules(extra: tuple[str, ...] | list[str] = ()) -> None:

@@ -1,3 +1,5 @@
+from importlib import import_module
+
 from django.apps import AppConfig
 
 
@@ -8,3 +10,5 @@ class CommandsConfig(AppConfig):
 
     def ready(self) -> None:
         from console.commands import builtin  # noqa: F401  (registers the built-in command types)
+
+        import_module("console.commands.audit")  # the fleet audit's command types

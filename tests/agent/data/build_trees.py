@@ -5,17 +5,23 @@
     python tests/agent/data/build_trees.py --out DIR  # write them elsewhere (the tests compare)
 
 Each tree holds only what the agent reads: ``sys/`` (PCI device paths with
-``numa_node``, ``bus/pci/devices`` links, ``class/net`` and ``class/infiniband``
-links and attributes), ``proc/`` and ``etc/`` host facts, and ``ip-addr.json``
-(``ip -j addr`` output). Where every fact comes from: README.md beside this file.
+``numa_node`` and link speed/width, ``bus/pci/devices`` links, bridge config spaces
+up to their ACS capability, ``class/net`` and ``class/infiniband`` links and
+attributes), ``proc/`` and ``etc/`` host facts, and ``ip-addr.json`` (``ip -j addr``
+output); for the audit also ``dmesg.txt`` (kernel log), ``adjtimex.json`` (kernel
+clock state), ``ethtool.json`` (``ethtool -i`` per interface) and ``usr/`` (the NCCL
+library, ``/usr/local/cuda/version.json``). Where every fact comes from: README.md
+beside this file.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -127,7 +133,16 @@ def dgx_h100() -> dict:
             "cpus": 224,
             "mem_kb": 2113389124,
         },
+        "audit": {
+            "driver": "mlx5_core", "driver_version": "24.10-1.1.4", "firmware": "28.39.1002 (MT_0000000838)",
+            "nccl": "2.21.5", "cuda_toolkit": "12.4.1", "dmesg": [], "adjtimex": _SYNCED_CLOCK,
+            "hugepages": 0, "thp": "madvise",
+        },
     }
+
+
+# adjtimex(2) of a chrony-synchronized host: TIME_OK, STA_PLL|STA_NANO (0x2001), errors in µs
+_SYNCED_CLOCK = {"state": 0, "status": 8193, "maxerror_us": 1125, "esterror_us": 12, "synchronized": True}
 
 
 def hgx_h100() -> dict:
@@ -188,7 +203,35 @@ def hgx_h100() -> dict:
             "cpus": 224,
             "mem_kb": 2113389124,
         },
+        "audit": {
+            "driver": "mlx5_core", "driver_version": "5.14.0-427.42.1.el9_4.x86_64",
+            "firmware": "28.42.1000 (MT_0000000838)", "nccl": "2.23.4", "cuda_toolkit": "12.6.2", "dmesg": [],
+            "adjtimex": _SYNCED_CLOCK, "hugepages": 0, "thp": "always",
+        },
     }
+
+
+def hgx_h100_defects() -> dict:
+    """The HGX H100 with PCIe, NIC, kernel-log and clock defects (its GPU defects come from
+    FakeNvml.hgx_h100_defects(): ECC, pending remap, Gen4 x8, Xid 74, thermal throttle on GPUs 1-5)."""
+    spec = copy.deepcopy(hgx_h100())
+    spec["name"] = "hgx-h100-defects"
+    nics = {n["netdev"]: n for n in spec["nics"]}
+    nics["enp92s0np0"]["link"] = {"current": (4, 8), "max": (5, 16)}  # rail 3 NIC trained at Gen4 x8
+    nics["enp218s0np0"]["mtu"] = 1500  # rail 7 NIC left at the default MTU (fabric: 4200)
+    nics["enp41s0np0"]["counters"] = {"link_downed": 3, "symbol_error": 41}  # rail 1: flapping, bit errors
+    nics["enp41s0np0"]["carrier_changes"] = 8
+    nics["enp59s0np0"]["firmware"] = "28.39.1002 (MT_0000000838)"  # rail 2: older firmware than the rest
+    spec["acs"] = {"0000:b9:00.0": 0x001D}  # rail 6 switch port: SrcValid ReqRedir CmpltRedir UpstreamFwd
+    spec["audit"] = dict(spec["audit"], nccl="2.19.3", adjtimex={
+        "state": 5, "status": 0x0041, "maxerror_us": 16000000, "esterror_us": 16000000, "synchronized": False},
+        dmesg=[
+            "[ 8123.551204] NVRM: Xid (PCI:0000:9a:00): 74, pid=51244, name=python3, NVLink: fatal error detected "
+            "on link 0(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+            "[ 9011.004512] NVRM: Xid (PCI:0000:ba:00): 13, pid=53990, name=python3, Graphics Exception: "
+            "ESR 0x514648=0x1000000e 0x514650=0x0 0x514644=0xd3eff2 0x51464c=0x17f",
+        ])
+    return spec
 
 
 # --------------------------------------------------------------------------------------
@@ -215,16 +258,46 @@ def write_tree(spec: dict, out: Path) -> Path:
     sysd = root / "sys"
     devices = sysd / "devices"
 
-    def pci_dev(path: list[str], numa: int) -> Path:
+    acs = spec.get("acs", {})
+    bridges_done: set[str] = set()
+
+    def bridges(path: list[str]) -> None:
+        """Root port and PCIe switch ports above a device: links, and config space up to ACS."""
+        for i in range(1, len(path) - 1):
+            bdf = path[i]
+            if bdf in bridges_done:
+                continue
+            bridges_done.add(bdf)
+            d = devices.joinpath(*path[: i + 1])
+            _link(sysd / "bus" / "pci" / "devices" / bdf, d)
+            _pci_link_files(d, (5, 16), (5, 16))
+            if i >= 2:  # switch ports carry an ACS capability
+                (d / "config").write_bytes(_config_space(acs.get(bdf, 0)))
+
+    def pci_dev(path: list[str], numa: int, link: dict | None = None) -> Path:
         d = devices.joinpath(*path)
         _write(d / "numa_node", str(numa))
         _link(sysd / "bus" / "pci" / "devices" / path[-1], d)
+        link = link or {}
+        _pci_link_files(d, link.get("current", (5, 16)), link.get("max", (5, 16)))
+        for name, total in (("aer_dev_correctable", "TOTAL_ERR_COR"), ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+                            ("aer_dev_fatal", "TOTAL_ERR_FATAL")):
+            _write(d / name, f"{total} 0")
+        bridges(path)
         return d
 
+    audit = spec["audit"]
+    driver_dir = sysd / "bus" / "pci" / "drivers" / audit["driver"]
+    driver_dir.mkdir(parents=True, exist_ok=True)
+    ethtool = {}
     for gpu in spec["gpus"]:
         pci_dev(gpu["path"], gpu["numa"])
     for nic in spec["nics"]:
-        d = pci_dev(nic["path"], nic["numa"])
+        d = pci_dev(nic["path"], nic["numa"], nic.get("link"))
+        _link(d / "driver", driver_dir)
+        firmware = nic.get("firmware", audit["firmware"])
+        ethtool[nic["netdev"]] = {"driver": audit["driver"], "version": audit["driver_version"], "firmware": firmware,
+                                  "bus_info": nic["path"][-1]}
         net = d / "net" / nic["netdev"]
         _write(net / "type", str(nic["type"]))
         _write(net / "address", nic["address"])
@@ -236,13 +309,20 @@ def write_tree(spec: dict, out: Path) -> Path:
             _write(net / "speed", str(nic["speed"]))
         _write(net / "statistics" / "rx_errors", "0")
         _write(net / "statistics" / "tx_errors", "0")
+        _write(net / "carrier_changes", str(nic.get("carrier_changes", 2 if nic["operstate"] == "up" else 1)))
         _link(net / "device", d)
         _link(sysd / "class" / "net" / nic["netdev"], net)
         ib = d / "infiniband" / nic["rdma"]
         _write(ib / "node_guid", nic["guid"])
+        _write(ib / "fw_ver", firmware.split()[0])
         _write(ib / "ports" / "1" / "state", nic["port_state"])
+        _write(ib / "ports" / "1" / "phys_state", "5: LinkUp" if nic["port_state"].endswith("ACTIVE") else "3: Disabled")
         _write(ib / "ports" / "1" / "rate", nic["rate"])
         _write(ib / "ports" / "1" / "link_layer", nic["link_layer"])
+        counters = {"link_downed": 0, "symbol_error": 0, "link_error_recovery": 0, "port_rcv_errors": 0}
+        counters |= nic.get("counters", {})
+        for key, value in counters.items():
+            _write(ib / "ports" / "1" / "counters" / key, str(value))
         _link(ib / "device", d)
         _link(sysd / "class" / "infiniband" / nic["rdma"], ib)
     for v in [{"netdev": "lo", "address": "00:00:00:00:00:00", "mtu": 65536, "operstate": "unknown", "type": 772},
@@ -262,7 +342,8 @@ def write_tree(spec: dict, out: Path) -> Path:
         f"processor\t: {i}\nvendor_id\t: GenuineIntel\nmodel name\t: {host['cpu_model']}" for i in range(host["cpus"])
     ))
     _write(proc / "meminfo", f"MemTotal:       {host['mem_kb']} kB\nMemFree:        {host['mem_kb'] - 41943040} kB\n"
-                             f"MemAvailable:   {host['mem_kb'] - 33554432} kB")
+                             f"MemAvailable:   {host['mem_kb'] - 33554432} kB\n"
+                             f"HugePages_Total:       {audit['hugepages']}\nHugepagesize:       2048 kB")
     _write(proc / "loadavg", "0.52 0.61 0.58 2/1873 412345")
     _write(proc / "uptime", "864123.45 190012345.67")
     _write(root / "etc" / "machine-id", host["machine_id"])
@@ -277,10 +358,43 @@ def write_tree(spec: dict, out: Path) -> Path:
             info.append({"family": "inet6" if ":" in local else "inet", "local": local, "prefixlen": int(prefix)})
         links.append({"ifname": name, "addr_info": info})
     _write(root / "ip-addr.json", json.dumps(links, indent=1))
+
+    thp = " ".join(f"[{m}]" if m == audit["thp"] else m for m in ("always", "madvise", "never"))
+    _write(sysd / "kernel" / "mm" / "transparent_hugepage" / "enabled", thp)
+    _write(root / "dmesg.txt", "\n".join(audit["dmesg"]))
+    _write(root / "adjtimex.json", json.dumps(audit["adjtimex"], sort_keys=True))
+    _write(root / "ethtool.json", json.dumps(ethtool, indent=1, sort_keys=True))
+    _write(root / "usr" / "lib" / "x86_64-linux-gnu" / f"libnccl.so.{audit['nccl']}", "")
+    _link(root / "usr" / "lib" / "x86_64-linux-gnu" / "libnccl.so.2",
+          root / "usr" / "lib" / "x86_64-linux-gnu" / f"libnccl.so.{audit['nccl']}")
+    _write(root / "usr" / "local" / "cuda" / "version.json",
+           json.dumps({"cuda": {"name": "CUDA SDK", "version": audit["cuda_toolkit"]}}))
     return root
 
 
-TREES = {"dgx-h100": dgx_h100, "hgx-h100": hgx_h100}
+_GTS = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
+
+
+def _pci_link_files(d: Path, current: tuple[int, int], maximum: tuple[int, int]) -> None:
+    _write(d / "current_link_speed", _GTS[current[0]])
+    _write(d / "current_link_width", str(current[1]))
+    _write(d / "max_link_speed", _GTS[maximum[0]])
+    _write(d / "max_link_width", str(maximum[1]))
+
+
+def _config_space(acs_control: int) -> bytes:
+    """A PCIe switch port's config space up to its ACS capability (what the audit reads).
+
+    Extended capabilities from 0x100: AER (id 0x0001, v2) then ACS (id 0x000D, v1) at 0x148
+    with capability 0x005F (SV TB RR CR UF EC... supported) and the given control register."""
+    data = bytearray(0x150)
+    struct.pack_into("<HH", data, 0, 0x1000, 0xC030)  # vendor/device: Broadcom PEX89000 switch port
+    struct.pack_into("<I", data, 0x100, 0x0001 | (2 << 16) | (0x148 << 20))
+    struct.pack_into("<IHH", data, 0x148, 0x000D | (1 << 16), 0x005F, acs_control)
+    return bytes(data)
+
+
+TREES = {"dgx-h100": dgx_h100, "hgx-h100": hgx_h100, "hgx-h100-defects": hgx_h100_defects}
 
 
 def main() -> None:

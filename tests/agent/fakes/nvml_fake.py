@@ -21,6 +21,23 @@ shapes and error behaviour:
   (pynvml decodes char arrays), ``nvmlDeviceGetMemoryInfo().total`` is bytes,
   ``nvmlSystemGetCudaDriverVersion()`` an int like ``12070``, power in mW.
 
+- the audit's calls (``agent/audit/collect.py``) follow the NVML reference: ECC counters by
+  type/counter/location (``NOT_SUPPORTED`` without ECC or with ECC disabled, and for locations
+  other than DRAM and SRAM), retired pages ``NOT_SUPPORTED`` on row-remapping GPUs (Ampere+,
+  nvidia-smi shows "N/A") and row remapping ``NOT_SUPPORTED`` on older ones, a clocks-event
+  reasons bit mask, absolute temperature thresholds, power in mW, per-link NVLink error
+  counters (``INVALID_ARGUMENT`` past the last link or counter), the GPU fabric state filled
+  into a ``c_nvmlGpuFabricInfo_t``, per-field returns in ``nvmlDeviceGetFieldValues``, and
+  Xid events delivered once to each event set that registered for them
+  (``nvmlEventSetWait_v2`` raises ``NVML_ERROR_TIMEOUT`` when none is left).
+
+Defects (``FakeGpu.with_defect``, ``DEFECTS``): ``ecc`` (uncorrectable SRAM parity error),
+``remap-pending`` (a DRAM double-bit error whose row remap waits for a reset),
+``remap-failure``, ``pcie-gen4-x8``, ``xid`` (Xid 74 with NVLink recovery errors),
+``throttle-thermal`` (HW thermal slowdown at 91 C), ``power-brake``, ``nvlink-down``,
+``fabric-not-started``, ``persistence-off``, ``power-capped``, ``lost``.
+``FakeNvml.hgx_h100_defects()`` is the recorded HGX H100 with one defect on each of GPUs 1-5.
+
 Recorded values (see ``tests/agent/data/README.md`` for the sources):
 ``hgx_h100()`` is the ``nvidia-smi -q`` of an 8x H100 80GB HBM3 (SXM5) HGX
 server, driver 565.57.01, CUDA 12.7; ``dgx_h100()`` the same eight GPUs at the
@@ -32,7 +49,7 @@ from __future__ import annotations
 
 import string
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -64,6 +81,37 @@ NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_LOCATION_DRAM = 2
+NVML_MEMORY_LOCATION_SRAM = 7
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3
+NVML_TEMPERATURE_THRESHOLD_COUNT = 8
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_NVLINK_ERROR_DL_ECC_DATA = 4
+NVML_NVLINK_ERROR_COUNT = 5
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+
+# clocks event reasons (pynvml nvmlClocksEventReason*)
+nvmlClocksEventReasonGpuIdle = 0x1  # noqa: N816 - pynvml's names
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2  # noqa: N816
+nvmlClocksEventReasonSwPowerCap = 0x4  # noqa: N816
+nvmlClocksEventReasonHwSlowdown = 0x8  # noqa: N816
+nvmlClocksEventReasonSyncBoost = 0x10  # noqa: N816
+nvmlClocksEventReasonSwThermalSlowdown = 0x20  # noqa: N816
+nvmlClocksEventReasonHwThermalSlowdown = 0x40  # noqa: N816
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80  # noqa: N816
+nvmlEventTypeXidCriticalError = 0x8  # noqa: N816
 
 # pynvml's NVMLError._errcode_to_string
 _MESSAGES = {
@@ -143,9 +191,63 @@ class FakeGpu:
     nvlinks_down: frozenset[int] = frozenset()
     temperature_c: int = 30
     power_mw: int = 100000
-    ecc_uncorrected_volatile: int = 0
-    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    # ECC counts keyed "<dram|sram>.<corrected|uncorrected>.<volatile|aggregate>" (absent: 0)
+    ecc_errors: dict[str, int] = field(default_factory=dict)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure; None: pre-Ampere
+    remap_histogram: tuple[int, int, int, int, int] = (2560, 0, 0, 0, 0)  # max, high, partial, low, none banks
+    retired_pages: dict | None = None  # pre-Ampere only: {"sbe": [addr], "dbe": [addr], "pending": bool}
+    persistence_mode: int = 1
+    clocks_event_reasons: int = 0x1  # idle, as recorded
+    memory_temperature_c: int | None = 36
+    temperature_thresholds: dict[int, int] = field(default_factory=lambda: {0: 95, 1: 89, 2: 95, 3: 87})
+    power_limit_mw: int = 700000
+    default_power_limit_mw: int = 700000
+    pcie_generation: tuple[int, int, int] = (5, 5, 5)  # current, max (device and host), GPU max
+    pcie_width: tuple[int, int] = (16, 16)  # current, max
+    pcie_replays: int = 0
+    nvlink_errors: dict[int, dict[int, int]] = field(default_factory=dict)  # link -> {counter: count}
+    fabric: tuple[int, int] | None = (3, 0)  # (NVML_GPU_FABRIC_STATE_*, nvmlReturn status); None: no fabric
+    xid_events: tuple[int, ...] = ()  # Xids raised while an event set listens
     lost: bool = False
+
+    def with_defect(self, kind: str) -> FakeGpu:
+        """This GPU with one defect, as NVML reports it (see DEFECTS)."""
+        try:
+            return replace(self, **DEFECTS[kind](self))
+        except KeyError:
+            raise KeyError(f"unknown GPU defect {kind!r} (known: {', '.join(DEFECTS)})") from None
+
+
+def _ecc_plus(gpu: FakeGpu, **counts: int) -> dict[str, int]:
+    merged = dict(gpu.ecc_errors)
+    for key, n in counts.items():
+        k = key.replace("_", ".")
+        merged[k] = merged.get(k, 0) + n
+    return merged
+
+
+DEFECTS = {
+    # an uncorrectable SRAM parity error: counted, no row to remap
+    "ecc": lambda g: {"ecc_errors": _ecc_plus(g, sram_uncorrected_volatile=1, sram_uncorrected_aggregate=1,
+                                              sram_corrected_volatile=3, sram_corrected_aggregate=12000)},
+    # a DRAM double-bit error: counted, its row remap pending until the GPU is reset
+    "remap-pending": lambda g: {"ecc_errors": _ecc_plus(g, dram_uncorrected_volatile=1, dram_uncorrected_aggregate=1),
+                                "remapped_rows": (0, 1, 1, 0)},
+    "remap-failure": lambda g: {"ecc_errors": _ecc_plus(g, dram_uncorrected_aggregate=9),
+                                "remapped_rows": (0, 8, 0, 1), "remap_histogram": (2550, 6, 2, 1, 1)},
+    "pcie-gen4-x8": lambda g: {"pcie_generation": (4, g.pcie_generation[1], g.pcie_generation[2]),
+                               "pcie_width": (8, g.pcie_width[1]), "clocks_event_reasons": 0x0},
+    "xid": lambda g: {"xid_events": (74,), "nvlink_errors": {0: {NVML_NVLINK_ERROR_DL_RECOVERY: 1,
+                                                                NVML_NVLINK_ERROR_DL_REPLAY: 12}}},
+    "throttle-thermal": lambda g: {"clocks_event_reasons": 0x8 | 0x40 | 0x20, "temperature_c": 91,
+                                   "memory_temperature_c": 88},
+    "power-brake": lambda g: {"clocks_event_reasons": 0x8 | 0x80},
+    "nvlink-down": lambda g: {"nvlinks_down": frozenset({3})},
+    "fabric-not-started": lambda g: {"fabric": (NVML_GPU_FABRIC_STATE_NOT_STARTED, 0)},
+    "persistence-off": lambda g: {"persistence_mode": 0},
+    "power-capped": lambda g: {"power_limit_mw": 500000},
+    "lost": lambda g: {"lost": True},
+}
 
 
 @dataclass
@@ -171,6 +273,51 @@ class _Handle:
 
 
 @dataclass
+class _Histogram:  # c_nvmlRowRemapperHistogramValues
+    max: int
+    high: int
+    partial: int
+    low: int
+    none: int
+
+
+@dataclass
+class _Value:  # c_nvmlValue_t (the members the audit reads)
+    uiVal: int = 0  # noqa: N815
+    ullVal: int = 0  # noqa: N815
+
+
+@dataclass
+class _FieldValue:  # c_nvmlFieldValue_t
+    fieldId: int  # noqa: N815
+    nvmlReturn: int  # noqa: N815
+    value: _Value
+
+
+class c_nvmlGpuFabricInfo_t:  # noqa: N801 - pynvml's name; filled by nvmlDeviceGetGpuFabricInfo
+    def __init__(self) -> None:
+        self.clusterUuid = bytes(16)  # noqa: N815
+        self.status = NVML_SUCCESS
+        self.cliqueId = 0  # noqa: N815
+        self.state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+
+
+@dataclass
+class _EventData:  # c_nvmlEventData_t
+    device: _Handle
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+@dataclass
+class _EventSet:
+    pending: list[_EventData] = field(default_factory=list)
+    freed: bool = False
+
+
+@dataclass
 class FakeNvml:
     """Use as the ``nvml`` module: ``collect(paths, nvml=FakeNvml.hgx_h100())``."""
 
@@ -185,8 +332,9 @@ class FakeNvml:
         self._refcount = 0
         self._lock = threading.Lock()
         self.NVMLError = NVMLError
+        self.c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
         for name, value in globals().items():
-            if name.startswith("NVML_") or name.startswith("NVMLError_"):
+            if name.startswith(("NVML_", "NVMLError_", "nvmlClocksEventReason", "nvmlEventType")):
                 setattr(self, name, value)
 
     # -- helpers --------------------------------------------------------------------
@@ -294,14 +442,166 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self._gpu(handle).temperature_c
 
+    @staticmethod
+    def _ecc_key(error_type: int, counter_type: int) -> str:
+        if error_type not in (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED) or \
+                counter_type not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        etype = "uncorrected" if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
+        return f"{etype}.{'volatile' if counter_type == NVML_VOLATILE_ECC else 'aggregate'}"
+
+    def _ecc_gpu(self, handle: _Handle) -> FakeGpu:
+        gpu = self._gpu(handle)
+        if gpu.ecc is None or gpu.ecc[0] != NVML_FEATURE_ENABLED:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # no ECC, or ECC disabled: nvidia-smi shows N/A
+        return gpu
+
     def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter_type: int) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetTotalEccErrors")
-        gpu = self._gpu(handle)
-        if gpu.ecc is None:
+        gpu = self._ecc_gpu(handle)
+        key = self._ecc_key(error_type, counter_type)
+        return sum(gpu.ecc_errors.get(f"{loc}.{key}", 0) for loc in ("dram", "sram"))
+
+    def nvmlDeviceGetMemoryErrorCounter(self, handle: _Handle, error_type: int, counter_type: int,  # noqa: N802
+                                        location: int) -> int:
+        self._enter("nvmlDeviceGetMemoryErrorCounter")
+        gpu = self._ecc_gpu(handle)
+        key = self._ecc_key(error_type, counter_type)
+        names = {NVML_MEMORY_LOCATION_DRAM: "dram", NVML_MEMORY_LOCATION_SRAM: "sram"}
+        if location not in names:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED and counter_type == NVML_VOLATILE_ECC:
-            return gpu.ecc_uncorrected_volatile
-        return 0
+        return gpu.ecc_errors.get(f"{names[location]}.{key}", 0)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetPersistenceMode")
+        return self._gpu(handle).persistence_mode
+
+    def nvmlDeviceGetRetiredPages(self, handle: _Handle, cause: int) -> list[int]:  # noqa: N802
+        self._enter("nvmlDeviceGetRetiredPages")
+        gpu = self._gpu(handle)
+        if gpu.retired_pages is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+            return list(gpu.retired_pages.get("sbe", []))
+        if cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR:
+            return list(gpu.retired_pages.get("dbe", []))
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetRetiredPagesPendingStatus")
+        gpu = self._gpu(handle)
+        if gpu.retired_pages is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return NVML_FEATURE_ENABLED if gpu.retired_pages.get("pending") else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: _Handle) -> _Histogram:  # noqa: N802
+        self._enter("nvmlDeviceGetRowRemapperHistogram")
+        gpu = self._gpu(handle)
+        if gpu.remapped_rows is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return _Histogram(*gpu.remap_histogram)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetCurrentClocksEventReasons")
+        return self._gpu(handle).clocks_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:  # noqa: N802 - the old name
+        self._enter("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return self._gpu(handle).clocks_event_reasons
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: _Handle, threshold: int) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetTemperatureThreshold")
+        gpu = self._gpu(handle)
+        if not 0 <= threshold < NVML_TEMPERATURE_THRESHOLD_COUNT:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if threshold not in gpu.temperature_thresholds:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.temperature_thresholds[threshold]
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[int]) -> list[_FieldValue]:  # noqa: N802
+        self._enter("nvmlDeviceGetFieldValues")
+        gpu = self._gpu(handle)
+        out = []
+        for fid in field_ids:
+            if fid == NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature_c is not None:
+                out.append(_FieldValue(fid, NVML_SUCCESS, _Value(uiVal=gpu.memory_temperature_c)))
+            else:  # each field carries its own return code; the call itself succeeds
+                out.append(_FieldValue(fid, NVML_ERROR_NOT_SUPPORTED, _Value()))
+        return out
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetEnforcedPowerLimit")
+        return self._gpu(handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit")
+        return self._gpu(handle).default_power_limit_mw
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetCurrPcieLinkGeneration")
+        return self._gpu(handle).pcie_generation[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetMaxPcieLinkGeneration")
+        return self._gpu(handle).pcie_generation[1]
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetGpuMaxPcieLinkGeneration")
+        return self._gpu(handle).pcie_generation[2]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetCurrPcieLinkWidth")
+        return self._gpu(handle).pcie_width[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetMaxPcieLinkWidth")
+        return self._gpu(handle).pcie_width[1]
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: _Handle) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetPcieReplayCounter")
+        return self._gpu(handle).pcie_replays
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: _Handle, link: int, counter: int) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetNvLinkErrorCounter")
+        gpu = self._gpu(handle)
+        if gpu.nvlinks is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < min(gpu.nvlinks, NVML_NVLINK_MAX_LINKS) or not 0 <= counter < NVML_NVLINK_ERROR_COUNT:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlink_errors.get(link, {}).get(counter, 0)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: _Handle, info: c_nvmlGpuFabricInfo_t) -> int:  # noqa: N802
+        self._enter("nvmlDeviceGetGpuFabricInfo")
+        gpu = self._gpu(handle)
+        if gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        target = getattr(info, "_obj", info)  # a ctypes byref() or the structure itself
+        target.state, target.status = gpu.fabric
+        return NVML_SUCCESS
+
+    # -- events ---------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:  # noqa: N802
+        self._enter("nvmlEventSetCreate")
+        return _EventSet()
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:  # noqa: N802
+        self._enter("nvmlDeviceRegisterEvents")
+        gpu = self._gpu(handle)
+        if event_types & nvmlEventTypeXidCriticalError:
+            event_set.pending += [_EventData(handle, nvmlEventTypeXidCriticalError, xid) for xid in gpu.xid_events]
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _EventData:  # noqa: N802
+        self._enter("nvmlEventSetWait_v2")
+        if event_set.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if not event_set.pending:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        return event_set.pending.pop(0)
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:  # noqa: N802
+        self._enter("nvmlEventSetFree")
+        event_set.freed = True
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:  # noqa: N802
         self._enter("nvmlDeviceGetPowerUsage")
@@ -309,13 +609,41 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:  # noqa: N802
         self._enter("nvmlDeviceGetRemappedRows")
-        return self._gpu(handle).remapped_rows
+        rows = self._gpu(handle).remapped_rows
+        if rows is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return rows
 
     # -- recorded machines ----------------------------------------------------------
 
     @classmethod
     def hgx_h100(cls) -> FakeNvml:
         return cls(gpus=[FakeGpu(**g) for g in _H100_RECORD], driver_version="565.57.01", cuda_version=12070)
+
+    @classmethod
+    def hgx_h100_defects(cls) -> FakeNvml:
+        """The recorded HGX H100 with one defect each on GPUs 1-5 (0, 6 and 7 healthy)."""
+        fake = cls.hgx_h100()
+        for index, kind in HGX_H100_DEFECTS.items():
+            fake.gpus[index] = fake.gpus[index].with_defect(kind)
+        return fake
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> FakeNvml:
+        """A fake from a JSON-able spec: ``{"machine": "hgx_h100", "defects": {"3": "pcie-gen4-x8"}}``
+        (used by the testbed's NVML shim, ``testbed/nvmlshim/``)."""
+        machines = {"hgx_h100": cls.hgx_h100, "dgx_h100": cls.dgx_h100, "l40s": cls.l40s}
+        machine = spec.get("machine", "hgx_h100")
+        if machine not in machines:
+            raise ValueError(f"machine {machine!r}: use one of {', '.join(machines)}")
+        fake = machines[machine]()
+        for key, kinds in (spec.get("defects") or {}).items():
+            index = int(key)
+            if not 0 <= index < len(fake.gpus):
+                raise ValueError(f"defects: GPU {index} does not exist on {machine} ({len(fake.gpus)} GPUs)")
+            for kind in [kinds] if isinstance(kinds, str) else kinds:
+                fake.gpus[index] = fake.gpus[index].with_defect(kind)
+        return fake
 
     @classmethod
     def dgx_h100(cls) -> FakeNvml:
@@ -336,6 +664,10 @@ class FakeNvml:
             nvlinks=None,
             temperature_c=30,
             power_mw=33440,
+            fabric=None,  # no NVSwitch
+            pcie_generation=(4, 4, 4),  # L40S: PCIe Gen4 x16
+            power_limit_mw=350000,
+            default_power_limit_mw=350000,
         )
         return cls(gpus=[gpu], driver_version="550.127.05", cuda_version=12040)
 
@@ -362,6 +694,10 @@ _H100_RECORD = [
 ]
 for _g in _H100_RECORD:
     _g.update(name="NVIDIA H100 80GB HBM3", memory_mib=81559, pci_device_id=0x233010DE, ecc=(1, 1), nvlinks=18)
+_H100_RECORD[0]["pcie_replays"] = 7  # "Replays Since Reset : 7" on GPU 0 of the record, 0 on the others
+
+# The defects of FakeNvml.hgx_h100_defects() (and of the recorded tree hgx-h100-defects).
+HGX_H100_DEFECTS = {1: "ecc", 2: "remap-pending", 3: "pcie-gen4-x8", 4: "xid", 5: "throttle-thermal"}
 
 # DGX H100 GPU buses in nvidia-smi order (GPU0..GPU7).
 DGX_H100_GPU_BUSES = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")
