@@ -10,7 +10,8 @@ exponential backoff with equal jitter (base ``backoff_base_s``, doubling, capped
 it. A new plan or a start request during the backoff restarts it at once; a stop ends it.
 
 Health (:meth:`Supervisor.health`, sent in every heartbeat): per activity ``state``
-(``running``, ``stalled``, ``backoff``, ``stopping``, ``stopped``, ``unavailable``),
+(``starting``, ``running``, ``stalled``, ``backoff``, ``stopping``, ``stopped``,
+``unavailable``),
 ``desired``, ``restarts``, ``last_error`` and ``last_error_at``, ``started_at``,
 ``last_progress_at`` (Unix seconds), ``retry_in_s`` while in backoff, the plan's
 ``revision`` and the loop's own small ``status`` (what it passed to ``ctx.progress``).
@@ -154,6 +155,7 @@ class _Slot:
 
     def ensure_thread(self) -> None:
         if self.thread is None and self.desired == "running" and not self.sup._stopping:
+            self.state = "starting"
             self.thread = threading.Thread(target=self._main, name=f"activity-{self.type.name}", daemon=True)
             self.sup._threads.append(self.thread)
             self.thread.start()
@@ -396,7 +398,10 @@ class Supervisor:
                         "reason": f"revision {revision} is older than the applied revision {slot.revision}",
                         "desired": self._desired_of(slot), "health": slot.health(time.monotonic())}
             # stopping without a plan keeps the current one for the next start
-            plan = slot.plan if args is None and state == "stopped" else atype.validate(args or {})
+            try:
+                plan = slot.plan if args is None and state == "stopped" else atype.validate(args or {})
+            except ArgError as exc:
+                raise ActivityError(f"activity {name!r}: {exc}") from None
             changed = (state, plan) != (slot.desired, slot.plan)
             new_revision = revision if revision is not None else slot.revision
             self.desired.put(name, {"state": state, "args": plan, "revision": new_revision, "set_at": time.time()})

@@ -7,4 +7,4 @@ class CommandsConfig(AppConfig):
     verbose_name = "Agent commands"
 
     def ready(self) -> None:
-        from console.commands import builtin  # noqa: F401  (registers the built-in command types)
+        from console.commands import activities, builtin  # noqa: F401  (register the built-in command types)
