@@ -19,6 +19,7 @@ exit 0.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import threading
@@ -344,7 +345,7 @@ class Daemon:
             "telemetry_buffered": stats["buffered"],
             "telemetry_dropped": stats["dropped_total"],
             "commands_running": self.runner.running_count(),
-            "activities": self.supervisor.health(),
+            "activities": bounded_health(self.supervisor.health()),
         }
 
     # -- services for commands ------------------------------------------------------------
@@ -354,6 +355,23 @@ class Daemon:
 
     def health(self) -> dict:
         return node_health(self.paths, self.nvml, self.state_dir)
+
+
+HEALTH_MAX_BYTES = 32 * 1024  # of the heartbeat's 64 KiB bound
+
+
+def bounded_health(entries: list[dict]) -> list[dict]:
+    """The activity health for a heartbeat, within HEALTH_MAX_BYTES: without the activities' own
+    status first, then without the last entries (essential ones come first)."""
+    def size(items: list[dict]) -> int:
+        return len(json.dumps(items, separators=(",", ":"), default=str))
+
+    if size(entries) <= HEALTH_MAX_BYTES:
+        return entries
+    entries = [{k: v for k, v in e.items() if k != "status"} for e in entries]
+    while entries and size(entries) > HEALTH_MAX_BYTES:
+        entries.pop()
+    return entries
 
 
 class ResultPoster:

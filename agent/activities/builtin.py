@@ -213,7 +213,7 @@ def forward_events(ctx) -> None:
             try:
                 ctx.emit(f"event.{kind}", data, ts)
                 forwarded += 1
-            except ValueError as exc:  # too large or not JSON for the buffer: counted, said once in a while
+            except (ValueError, OSError) as exc:  # too large for the buffer, or the disk: counted, said sometimes
                 rejected += 1
                 if rejected == 1 or rejected % 100 == 0:
                     agentlog.warning("localsock.event_rejected", kind=kind, rejected=rejected, error=str(exc))

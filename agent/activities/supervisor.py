@@ -209,8 +209,9 @@ class _Slot:
                     error = "the loop returned while it should keep running"
             except Exception as exc:  # a crash of one loop never takes the agent down
                 error = f"{type(exc).__name__}: {exc}"
-                if ctx.running():
-                    agentlog.error("activity.crashed", exc_info=True, activity=name, error=error[:ERROR_MAX_CHARS])
+                if ctx.running():  # the traceback once per streak of crashes, not at every restart
+                    agentlog.error("activity.crashed", exc_info=self.backoff.failures == 0, activity=name,
+                                   error=error[:ERROR_MAX_CHARS])
             with sup._lock:
                 self.ctx = None
                 if error is not None:

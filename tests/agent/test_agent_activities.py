@@ -400,3 +400,17 @@ def test_a_restarted_agent_runs_the_activities_the_console_last_asked_for(consol
     assert supervisor.state_of("health.report")["state"] == "stopped"
     assert supervisor.state_of("inventory.report")["state"] == "running"  # autostart, never told otherwise
     assert len(console.requests(r"/commands/.*/result$")) == commands_before
+
+
+def test_the_heartbeats_activity_health_stays_within_its_bound():
+    from agent.daemon import HEALTH_MAX_BYTES, bounded_health
+
+    small = [{"name": "agent.heartbeat", "state": "running", "status": {"beats": 3}}]
+    assert bounded_health(small) == small
+    chatty = [{"name": f"feature.f{i}", "state": "running", "status": {"note": "x" * 900}} for i in range(60)]
+    trimmed = bounded_health(chatty)
+    assert len(trimmed) == 60 and all("status" not in e for e in trimmed)  # every state kept, statuses dropped
+    many = [{"name": f"feature.f{i}", "state": "running", "last_error": "e" * 250} for i in range(400)]
+    kept = bounded_health(many)
+    assert 0 < len(kept) < 400 and kept == many[:len(kept)]
+    assert len(json.dumps(kept, separators=(",", ":"))) <= HEALTH_MAX_BYTES
