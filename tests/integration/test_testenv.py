@@ -14,7 +14,8 @@ SCRIPT = ROOT / "scripts" / "testenv.py"
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith("LOCKSTEP_TEST_")}
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
                           env=base | env, cwd=ROOT)
 
