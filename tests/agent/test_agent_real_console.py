@@ -133,15 +133,24 @@ def done_locally(running, cid: str) -> bool:
     return running.daemon.store.completed(cid) is not None
 
 
-def test_activity_commands_and_local_socket_events_against_the_real_console(real_console, start_daemon, tmp_path):
+@pytest.fixture
+def short_dir():
+    import shutil
     import tempfile
 
+    path = Path(tempfile.mkdtemp(prefix="ls-rc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_activity_commands_and_local_socket_events_against_the_real_console(real_console, start_daemon, tmp_path,
+                                                                            short_dir):
     from agent.localsock.client import AgentSocket
     from console.commands import dispatch
     from console.fleet.models import Node
 
     console = real_console
-    sock_path = Path(tempfile.mkdtemp(prefix="ls-rc-", dir="/tmp")) / "agent.sock"
+    sock_path = short_dir / "agent.sock"
     running = start_daemon(console, enroll_token=console.create_token(), agent_socket=str(sock_path))
     node = node_of(running)
     wait_for(lambda: console.node(node).state == "ready", 15, "the node to be ready")
