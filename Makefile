@@ -30,13 +30,14 @@ demo: $(STAMP) host-packages agent-package
 	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
-# The whole suite. With DATABASE_URL and REDIS_URL set (CI) it runs on PostgreSQL + Redis.
+# The whole suite, on the local PostgreSQL and Redis when they are installed (started if they
+# are down), or on DATABASE_URL/REDIS_URL when set; the first line says which parts it runs on.
 test: $(STAMP) host-packages
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The console and agent tests on embedded defaults (SQLite, no Redis).
 test-sqlite: $(STAMP)
-	env -u DATABASE_URL -u REDIS_URL $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
+	$(BIN)/python scripts/testenv.py --embedded -- $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
 
 lint: $(STAMP) host-packages
 	$(BIN)/ruff check .

@@ -31,6 +31,8 @@ Keys (all optional unless said otherwise):
 ``LOCKSTEP_HEALTH_INTERVAL_S``      period of the ``node.health`` telemetry record (default 60)
 ``LOCKSTEP_INVENTORY_INTERVAL_S``   how often the inventory is re-read and re-sent when it
                                     changed (default 300)
+``LOCKSTEP_AGENT_SOCKET``           the local socket for processes on the node (default
+                                    ``/run/lockstep/agent.sock``; ``none``: no socket)
 ==================================  ===========================================================
 """
 
@@ -46,6 +48,7 @@ from urllib.parse import urlsplit
 DEFAULT_CONFIG_FILE = "/etc/lockstep/agent.env"
 DEFAULT_STATE_DIR = "/var/lib/lockstep"
 DEFAULT_SYSFS_ROOT = "/sys"
+DEFAULT_AGENT_SOCKET = "/run/lockstep/agent.sock"
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 MIN_BUFFER_BYTES = 4096
 
@@ -64,6 +67,7 @@ KNOWN_KEYS = (
     "LOCKSTEP_SHUTDOWN_GRACE_S",
     "LOCKSTEP_HEALTH_INTERVAL_S",
     "LOCKSTEP_INVENTORY_INTERVAL_S",
+    "LOCKSTEP_AGENT_SOCKET",
 )
 
 ENROLL_TOKEN_RE = re.compile(r"^lse_[A-Za-z0-9]{12}\.[A-Za-z0-9_\-]+$")
@@ -93,6 +97,7 @@ class Config:
     shutdown_grace_s: float = 5.0
     health_interval_s: float = 60.0
     inventory_interval_s: float = 300.0
+    agent_socket: Path | None = Path(DEFAULT_AGENT_SOCKET)
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -256,5 +261,13 @@ def from_values(values: Mapping[str, str]) -> Config:
         kwargs["inventory_interval_s"] = _seconds(
             "LOCKSTEP_INVENTORY_INTERVAL_S", v["LOCKSTEP_INVENTORY_INTERVAL_S"], 0.1
         )
+    if "LOCKSTEP_AGENT_SOCKET" in v:
+        raw = v["LOCKSTEP_AGENT_SOCKET"]
+        if raw.lower() == "none":
+            kwargs["agent_socket"] = None
+        elif not Path(raw).is_absolute() or raw.endswith("/"):
+            raise ConfigError(f"LOCKSTEP_AGENT_SOCKET={raw!r} must be an absolute path to a socket file, or 'none'")
+        else:
+            kwargs["agent_socket"] = Path(raw)
     kwargs["unknown_keys"] = tuple(sorted(k for k in v if k.startswith("LOCKSTEP_") and k not in KNOWN_KEYS))
     return Config(**kwargs)  # type: ignore[arg-type]

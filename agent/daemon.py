@@ -1,23 +1,25 @@
-"""The agent daemon: heartbeats, command long-poll, results, telemetry, inventory.
+"""The agent daemon: credentials, the command runner, the telemetry buffer, and the supervisor
+that runs every loop.
 
-Each activity is its own thread with its own HTTP session, so none waits on
-another and none waits on the console for long (every request has a timeout).
-While the console is unreachable each loop retries with exponential backoff and
-full jitter, capped by ``LOCKSTEP_BACKOFF_MAX_S``; commands keep their results on
-disk and telemetry keeps accumulating in the bounded disk buffer.
+The loops — heartbeats, the command long-poll, result posting, the telemetry sender, inventory,
+health, the local socket and its event forwarder — are activities (``agent/activities/``) under
+one :class:`~agent.activities.Supervisor`: each in its own thread with its own HTTP session,
+restarted with backoff when it crashes, its health in every heartbeat. Features add theirs
+the same way, and the console starts, stops and re-plans them with ``activity.set``.
 
-``401 node_credential_invalid`` (or ``403 node_retired``) halts all traffic with
-one clear log line; the daemon then waits, quietly, for the credential file to
-change (``python -m agent enroll ...`` with a new token) and resumes.
+``401 node_credential_invalid`` (or ``403 node_retired``) halts all traffic with one clear log
+line; the daemon then waits, quietly, for the credential file to change (``python -m agent
+enroll ...`` with a new token) and resumes.
 
-SIGTERM/SIGINT: stop polling, let running commands finish for
-``LOCKSTEP_SHUTDOWN_GRACE_S`` then abandon them (reported ``failed``), post
-what results it can, keep the rest on disk, exit 0.
+SIGTERM/SIGINT: stop the loops, let running commands finish for ``LOCKSTEP_SHUTDOWN_GRACE_S``
+then abandon them (reported ``failed``), post what results it can, keep the rest on disk,
+exit 0.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import threading
@@ -27,8 +29,10 @@ from typing import Any
 
 from agent import __version__, telemetry
 from agent import log as agentlog
+from agent.activities import ActivityRegistry, DesiredState, Supervisor, default_activities
 from agent.backoff import Backoff
 from agent.client import Client, ConsoleError
+from agent.clusterclock import ClusterClock
 from agent.commands import default_registry, load_modules
 from agent.commands.registry import Registry
 from agent.commands.runner import CommandRunner
@@ -36,8 +40,9 @@ from agent.commands.store import CommandStore
 from agent.config import Config
 from agent.enroll import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EnrollError, enroll, success_line
 from agent.health import node_health
-from agent.inventory import HostPaths, collect, fingerprint
+from agent.inventory import HostPaths, collect
 from agent.inventory.gpus import load_nvml
+from agent.localsock.server import EventQueue
 from agent.state import Credential, StateError, credential_path, ensure_private_dir, load_credential
 
 _DEFAULT = object()
@@ -52,12 +57,13 @@ class Daemon:
         nvml: Any = _DEFAULT,
         paths: HostPaths | None = None,
         workers: int = 4,
+        activities: ActivityRegistry | None = None,
     ):
         self.config = config
-        if registry is None:
+        if registry is None or activities is None:
             load_modules(config.command_modules)
-            registry = default_registry
-        self.registry = registry
+        self.registry = registry if registry is not None else default_registry
+        self.activities = activities if activities is not None else default_activities
         self.paths = paths or HostPaths.from_sysfs_root(config.sysfs_root)
         if nvml is _DEFAULT:
             nvml, _ = load_nvml()
@@ -70,17 +76,22 @@ class Daemon:
         self._halt_lock = threading.Lock()
         self._halted: str | None = None
         self._cred_stamp: tuple | None = None
-        self._threads: list[threading.Thread] = []
         self.runner: CommandRunner | None = None
         self.store: CommandStore | None = None
         self.buffer: telemetry.TelemetryBuffer | None = None
         self.poster: ResultPoster | None = None
+        self.supervisor: Supervisor | None = None
+        self.cluster_clock = ClusterClock()  # clock sync plugs its estimator in here
+        self.events = EventQueue()  # local socket -> agent.events -> telemetry
         self.ready = threading.Event()  # set once the loops run (tests wait on it)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def stop(self) -> None:
+        """Begin the shutdown (safe in a signal handler); :meth:`run` finishes it."""
         self._stop.set()
+        if self.supervisor is not None:
+            self.supervisor.request_stop()
         if self.buffer is not None:
             self.buffer.notify()
 
@@ -111,6 +122,7 @@ class Daemon:
             node_name=self.cred.node_name,
             console=self.console_url,
             commands=",".join(self.registry.names()),
+            activities=",".join(self.activities.names()),
         )
         self.ready.set()
         next_prune = time.monotonic() + 3600
@@ -191,35 +203,34 @@ class Daemon:
         )
         telemetry.set_sink(self.buffer)
         self.poster = ResultPoster(self)
+        self.supervisor = Supervisor(
+            self.activities,
+            services={"daemon": self, "cluster_clock": self.cluster_clock, "config": self.config},
+            desired=DesiredState.in_state_dir(self.state_dir),
+            emit=self.buffer.emit,
+            backoff_base_s=min(1.0, self.config.backoff_max_s),
+            backoff_max_s=self.config.backoff_max_s,
+        )
         # "host_paths" and "nvml": where command handlers (the audit checks) read the host from
-        services = {"inventory": self.collect_inventory, "health": self.health, "host_paths": self.paths,
-                    "nvml": self.nvml}
+        services = {"inventory": self.collect_inventory, "health": self.health, "activities": self.supervisor,
+                    "host_paths": self.paths, "nvml": self.nvml}
         self.runner = CommandRunner(
             self.registry, self.store, self.poster.notify, emit=self.buffer.emit, services=services,
             workers=self.workers,
         )
         for record in self.store.unposted():
             self.poster.notify(record["id"], False)
-        for name, target in (
-            ("heartbeat", self._heartbeat_loop),
-            ("poll", self._poll_loop),
-            ("results", self.poster.loop),
-            ("telemetry", self._telemetry_loop),
-            ("inventory", self._inventory_loop),
-            ("health", self._health_loop),
-        ):
-            thread = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.supervisor.start()
 
     def _shutdown(self) -> None:
         agentlog.info("agent.stopping", grace_s=self.config.shutdown_grace_s)
         assert self.runner is not None and self.poster is not None and self.buffer is not None
+        assert self.supervisor is not None
+        self.supervisor.stop_all()  # no new polls, no new rounds; loops return as they notice
         abandoned = self.runner.shutdown(self.config.shutdown_grace_s)
         for cid in abandoned:
             agentlog.warning("command.abandoned", id=cid, msg="still running at shutdown; reported failed")
-        for thread in self._threads:
-            thread.join(timeout=0.2)
+        self.supervisor.join(0.5)
         self.poster.drain(deadline=time.monotonic() + min(3.0, max(0.5, self.config.shutdown_grace_s)))
         telemetry.set_sink(None)
         self.buffer.close()
@@ -260,15 +271,15 @@ class Daemon:
             )
         agentlog.error("agent.halted", reason=exc.code, detail=exc.detail, msg=msg)
 
-    def wait_ready(self) -> bool:
-        """Block while halted; False once stopping."""
-        while self._halted and not self._stop.is_set():
-            self._stop.wait(0.5)
-        return not self._stop.is_set()
+    def wait_ready(self, ctx) -> bool:
+        """Block while halted; False once the loop of ``ctx`` must stop."""
+        while self._halted and ctx.running():
+            ctx.stop_event.wait(0.5)
+        return ctx.running()
 
-    def handle_error(self, where: str, exc: ConsoleError, backoff: Backoff, failures: list[int]) -> None:
+    def handle_error(self, where: str, exc: ConsoleError, backoff: Backoff, failures: list[int], ctx) -> None:
         """Log a failed request (not every one), halt on credential errors, sleep the backoff."""
-        if self._stop.is_set():
+        if not ctx.running():
             return  # a request cut by our own shutdown is not worth a log line
         if exc.code in HALTING_ERRORS:
             self.halt(exc)
@@ -286,7 +297,7 @@ class Daemon:
                 failures=failures[0],
                 retry_in_s=round(delay, 2),
             )
-        self._stop.wait(delay)
+        ctx.stop_event.wait(delay)
 
     def recovered(self, where: str, backoff: Backoff, failures: list[int]) -> None:
         if failures[0]:
@@ -327,127 +338,17 @@ class Daemon:
                 self._halted = None
             agentlog.info("credential.reloaded", node=cred.node_id, resumed=bool(was))
 
-    # -- loops ----------------------------------------------------------------------------
-
-    def _heartbeat_loop(self) -> None:
-        client = self.client()
-        backoff, failures = self.new_backoff(), [0]
-        while self.wait_ready():
-            assert self.cred is not None and self.buffer is not None and self.runner is not None
-            stats = self.buffer.stats()
-            body = {
-                "agent_version": __version__,
-                "uptime_s": round(time.monotonic() - self.started, 1),
-                "telemetry_buffered": stats["buffered"],
-                "telemetry_dropped": stats["dropped_total"],
-                "commands_running": self.runner.running_count(),
-            }
-            try:
-                self.sync_client(client).heartbeat(body)
-            except ConsoleError as exc:
-                self.handle_error("heartbeat", exc, backoff, failures)
-                continue
-            self.recovered("heartbeat", backoff, failures)
-            self._stop.wait(float(self.cred.heartbeat_interval_s))
-        client.close()
-
-    def _poll_loop(self) -> None:
-        client = self.client()
-        backoff, failures = self.new_backoff(), [0]
-        while self.wait_ready():
-            assert self.cred is not None and self.runner is not None
-            wait = max(0.0, min(30.0, float(self.cred.poll_wait_s)))
-            try:
-                commands = self.sync_client(client).poll(wait=wait, max_commands=10)
-            except ConsoleError as exc:
-                self.handle_error("poll", exc, backoff, failures)
-                continue
-            self.recovered("poll", backoff, failures)
-            if self._stop.is_set():
-                break  # claimed but not started: the console offers them again when the lease ends
-            for cmd in commands:
-                self.runner.submit(cmd)
-        client.close()
-
-    def _telemetry_loop(self) -> None:
-        client = self.client()
-        backoff, failures = self.new_backoff(), [0]
-        buf = self.buffer
-        assert buf is not None
-        while self.wait_ready():
-            batch = buf.next_batch()
-            if batch is None:
-                buf.wait(min(1.0, buf.linger_s))
-                continue
-            data = buf.encode(batch)
-            assert self.cred is not None
-            if len(data) > int(self.cred.telemetry_max_batch_bytes):
-                if not buf.split_head():
-                    buf.discard_head("record larger than the console's batch bound")
-                continue
-            try:
-                status, answer = self.sync_client(client).post_telemetry(data)
-            except ConsoleError as exc:
-                if exc.status == 413:
-                    if not buf.split_head():
-                        buf.discard_head("the console refused a single record as too large")
-                    continue
-                if exc.status == 400:
-                    buf.discard_head(f"refused as malformed: {exc.detail}", _bad_record_index(exc.body))
-                    continue
-                self.handle_error("telemetry", exc, backoff, failures)
-                continue
-            self.recovered("telemetry", backoff, failures)
-            duplicate = isinstance(answer, dict) and answer.get("duplicate")
-            agentlog.debug(
-                "telemetry.sent", seq=batch["seq"], records=len(batch["records"]), dropped=batch["dropped"],
-                duplicate=bool(duplicate),
-            )
-            buf.ack(batch["seq"])
-        client.close()
-
-    def _inventory_loop(self) -> None:
-        client = self.client(timeout=30.0)
-        backoff, failures = self.new_backoff(), [0]
-        sent: str | None = None
-        next_check = 0.0
-        while self.wait_ready():
-            if time.monotonic() < next_check:
-                self._stop.wait(min(1.0, next_check - time.monotonic()))
-                continue
-            try:
-                document = self.collect_inventory()
-            except Exception as exc:  # inventory must never kill the loop
-                agentlog.error("inventory.failed", exc_info=True, error=str(exc))
-                next_check = time.monotonic() + self.config.inventory_interval_s
-                continue
-            digest = fingerprint(document)
-            if digest == sent:
-                next_check = time.monotonic() + self.config.inventory_interval_s
-                continue
-            try:
-                answer = self.sync_client(client).put_inventory(document)
-            except ConsoleError as exc:
-                if exc.status in (400, 413):
-                    agentlog.error("inventory.refused", status=exc.status, error=exc.code, detail=exc.detail)
-                    next_check = time.monotonic() + self.config.inventory_interval_s
-                    continue
-                self.handle_error("inventory", exc, backoff, failures)
-                continue
-            self.recovered("inventory", backoff, failures)
-            sent = digest
-            agentlog.info("inventory.sent", gpus=len(document["gpus"]), nics=len(document["nics"]), answer=answer)
-            next_check = time.monotonic() + self.config.inventory_interval_s
-        client.close()
-
-    def _health_loop(self) -> None:
-        while not self._stop.wait(self.config.health_interval_s):
-            try:
-                summary = self.health()
-                assert self.buffer is not None
-                self.buffer.emit("node.health", summary)
-            except Exception as exc:
-                agentlog.error("health.failed", exc_info=True, error=str(exc))
+    def heartbeat_body(self) -> dict:
+        assert self.buffer is not None and self.runner is not None and self.supervisor is not None
+        stats = self.buffer.stats()
+        return {
+            "agent_version": __version__,
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "telemetry_buffered": stats["buffered"],
+            "telemetry_dropped": stats["dropped_total"],
+            "commands_running": self.runner.running_count(),
+            "activities": bounded_health(self.supervisor.health()),
+        }
 
     # -- services for commands ------------------------------------------------------------
 
@@ -458,16 +359,21 @@ class Daemon:
         return node_health(self.paths, self.nvml, self.state_dir)
 
 
-def _bad_record_index(body: Any) -> int | None:
-    import re
+HEALTH_MAX_BYTES = 32 * 1024  # of the heartbeat's 64 KiB bound
 
-    fields = body.get("fields") if isinstance(body, dict) else None
-    if isinstance(fields, dict):
-        for key in fields:
-            match = re.match(r"^records\[(\d+)\]", str(key))
-            if match:
-                return int(match.group(1))
-    return None
+
+def bounded_health(entries: list[dict]) -> list[dict]:
+    """The activity health for a heartbeat, within HEALTH_MAX_BYTES: without the activities' own
+    status first, then without the last entries (essential ones come first)."""
+    def size(items: list[dict]) -> int:
+        return len(json.dumps(items, separators=(",", ":"), default=str))
+
+    if size(entries) <= HEALTH_MAX_BYTES:
+        return entries
+    entries = [{k: v for k, v in e.items() if k != "status"} for e in entries]
+    while entries and size(entries) > HEALTH_MAX_BYTES:
+        entries.pop()
+    return entries
 
 
 class ResultPoster:
@@ -527,23 +433,29 @@ class ResultPoster:
         agentlog.info("result.posted", id=cid, status=record["status"], accepted=answer.get("accepted"))
         return None
 
-    def loop(self) -> None:
+    def loop(self, ctx) -> None:
+        """The ``agent.results`` activity."""
         daemon = self.daemon
         client = daemon.client()
         backoff, failures = daemon.new_backoff(), [0]
-        while daemon.wait_ready():
-            item = self._next(0.5)
-            if item is None:
-                continue
-            exc = self.post_one(client, item)
-            if exc is None:
-                daemon.recovered("result", backoff, failures)
-                continue
-            self._requeue(item)
-            if exc.status == 413:
-                continue
-            daemon.handle_error("result", exc, backoff, failures)
-        client.close()
+        posted = 0
+        try:
+            while daemon.wait_ready(ctx):
+                item = self._next(0.5)
+                if item is None:
+                    continue
+                exc = self.post_one(client, item)
+                if exc is None:
+                    daemon.recovered("result", backoff, failures)
+                    posted += 1
+                    ctx.progress(posted=posted)
+                    continue
+                self._requeue(item)
+                if exc.status == 413:
+                    continue
+                daemon.handle_error("result", exc, backoff, failures, ctx)
+        finally:
+            client.close()
 
     def drain(self, deadline: float) -> None:
         """At shutdown: post what can be posted before ``deadline``; the rest stays on disk."""

@@ -46,9 +46,11 @@ class AgentASGIHandler(ASGIHandler):
 
             disconnect = asyncio.create_task(self.listen_for_disconnect(receive))
             answer = asyncio.create_task(respond())
-            await asyncio.wait([disconnect, answer], return_when=asyncio.FIRST_COMPLETED)
-            for task in (disconnect, answer):
-                if not task.done():
-                    task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RequestAborted):
-                    await task
+            try:
+                await asyncio.wait([disconnect, answer], return_when=asyncio.FIRST_COMPLETED)
+            finally:  # also when this request is cancelled (a server shutdown that ran out of time)
+                for task in (disconnect, answer):
+                    if not task.done():
+                        task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                        await task

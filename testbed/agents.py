@@ -10,6 +10,7 @@ root) with the agent's environment contract:
     LOCKSTEP_MACHINE_ID    uuid5 of "lockstep-testbed:<prefix>:<host>" (stable across runs)
     LOCKSTEP_ENROLL_TOKEN  the enrollment token
     LOCKSTEP_CLUSTER_ID    the cluster id (when given)
+    LOCKSTEP_AGENT_SOCKET  <state dir>/agents/<host>/state/agent.sock (hosts share the file system)
 
 Argv items may use ``{python}``, ``{repo}``, ``{host}``, ``{ns}``, ``{state_dir}``,
 ``{mgmt_address}`` and ``{console_url}``, so a test can start a stand-in until the agent lands.
@@ -112,6 +113,8 @@ class AgentsMixin:
             "LOCKSTEP_HOSTNAME": host,
             "LOCKSTEP_MACHINE_ID": machine_id(self.prefix, host),
             "LOCKSTEP_ENROLL_TOKEN": config.get("token") or "",
+            # Every emulated host shares this machine's file system: one local socket per agent.
+            "LOCKSTEP_AGENT_SOCKET": str(state_dir / "agent.sock"),
         }
         if config.get("cluster_id") is not None:
             env["LOCKSTEP_CLUSTER_ID"] = str(config["cluster_id"])

@@ -1,9 +1,10 @@
 """Command framework: the registry of command types and the built-in ones.
 
-Importing this package registers the built-in commands (``inventory.refresh``,
-``node.health``) in :data:`default_registry`. Features add a module that calls
-:func:`command` at import time; list extra modules in ``LOCKSTEP_COMMAND_MODULES``
-(or import them from :data:`BUILTIN_MODULES` once they ship with the agent).
+:func:`load_modules` registers the built-in commands (``inventory.refresh``, ``node.health``,
+``activity.set``) in :data:`default_registry` and the built-in activities in
+``agent.activities.default_activities``. Features add a module that calls :func:`command`
+(and ``agent.activities.activity``) at import time; list extra modules in
+``LOCKSTEP_COMMAND_MODULES`` (or in :data:`BUILTIN_MODULES` once they ship with the agent).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from agent.commands.registry import (
     validate_args,
 )
 
-# Modules that ship with the agent and register command types when imported.
-BUILTIN_MODULES = ("agent.commands.builtin", "agent.audit.commands")
+# Modules that ship with the agent and register command types or activities when imported.
+BUILTIN_MODULES = ("agent.commands.builtin", "agent.activities.builtin", "agent.audit.commands")
 
 
 def load_modules(extra: tuple[str, ...] | list[str] = ()) -> None:
-    """Import the built-in command modules and ``extra`` ones (each registers its types)."""
+    """Import the built-in modules and ``extra`` ones (each registers its commands and activities)."""
     for name in (*BUILTIN_MODULES, *extra):
         importlib.import_module(name)
 

@@ -183,6 +183,9 @@ class CommandRunner:
             return
         if "exc" in box:
             exc = box["exc"]
+            if isinstance(exc, ArgError):  # the handler refused what it was asked: not a crash
+                self._finish(cid, ctype_name, "failed", None, _sentence(f"invalid arguments: {exc}"))
+                return
             self._finish(cid, ctype_name, "failed", None, _sentence(f"handler crashed: {type(exc).__name__}: {exc}"))
             return
         result = box.get("result")

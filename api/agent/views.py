@@ -26,6 +26,7 @@ from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
 ENROLL_MAX_BYTES = 64 * 1024
 HEARTBEAT_MAX_BYTES = 64 * 1024
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
+HEARTBEAT_MAX_ACTIVITIES = 64
 # Telemetry yields to control: a flood of batches waits here, on the event loop, instead of taking
 # every database thread (and most of the process's CPU) from polls, heartbeats and results; one
 # that waits too long is answered 503 and sent again later. Agents keep unaccepted batches on
@@ -128,6 +129,10 @@ def _store_heartbeat(node, request):
     payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
     status = {key: payload[key] for key in HEARTBEAT_FIELDS
               if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
+    activities = payload.get("activities")  # the agent's activity health (the body is bounded above)
+    if isinstance(activities, list):
+        status["activities"] = [a for a in activities[:HEARTBEAT_MAX_ACTIVITIES]
+                                if isinstance(a, dict) and isinstance(a.get("name"), str)]
     now = timezone.now()
     fields = {"agent_status": status, "last_seen": now}  # one UPDATE: status and "seen"
     version = payload.get("agent_version")

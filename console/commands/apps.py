@@ -1,5 +1,3 @@
-from importlib import import_module
-
 from django.apps import AppConfig
 
 
@@ -9,6 +7,4 @@ class CommandsConfig(AppConfig):
     verbose_name = "Agent commands"
 
     def ready(self) -> None:
-        from console.commands import builtin  # noqa: F401  (registers the built-in command types)
-
-        import_module("console.commands.audit")  # the fleet audit's command types
+        from console.commands import activities, audit, builtin  # noqa: F401  (register the built-in command types)

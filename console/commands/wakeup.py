@@ -58,13 +58,30 @@ class _Waiters:
         with self._lock:
             return sum(len(v) for v in self._by_node.values())
 
+    def wake_all(self) -> None:
+        with self._lock:
+            entries = [entry for waiting in self._by_node.values() for entry in waiting]
+        for loop, event in entries:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
 
 waiters = _Waiters()
+# Set when the server is shutting down: held polls answer now and new ones do not wait, so a
+# graceful shutdown is not spent waiting (then cancelling) polls held for up to a minute.
+_draining = False
 _publisher = None
 _publisher_lock = threading.Lock()
 # One listener task per event loop (uvicorn has one; tests create many): weak, so a closed
 # loop and its task are not kept alive.
 _listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task] = weakref.WeakKeyDictionary()
+
+
+def drain() -> None:
+    """The server is stopping: answer every held poll now (empty) and hold no new ones."""
+    global _draining
+    _draining = True
+    waiters.wake_all()
 
 
 def notify(node_id: int) -> None:
@@ -94,11 +111,13 @@ class _Listener:
         waiters.remove(self.node_id, self.entry)
 
     async def wait(self, timeout: float) -> bool:
-        """True when notified within `timeout` seconds."""
+        """True when notified within `timeout` seconds; False at once while the server drains."""
+        if _draining:
+            return False
         event = self.entry[1]
         try:
             await asyncio.wait_for(event.wait(), timeout)
-            return True
+            return not _draining
         except asyncio.TimeoutError:
             return False
         finally:

@@ -1,7 +1,9 @@
-"""Command types for the agent tests (loaded with LOCKSTEP_COMMAND_MODULES=agent_test_commands).
+"""Command types and activities for the agent tests (LOCKSTEP_COMMAND_MODULES=agent_test_commands).
 
 ``test.record`` appends "<command id> <attempt>" to a file: the tests count how
-many times a command really ran, across agent restarts.
+many times a command really ran, across agent restarts. The activities write one line per
+start (``start <label>``) and per round (``tick <label>``) to their ``path``, so the tests see
+from outside the process what ran, with which plan, and how often it was started.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
+from agent.activities import ActivityRegistry, default_activities
 from agent.commands import Arg, CommandContext, Registry, default_registry
 
 _forever = threading.Event()
@@ -74,4 +77,44 @@ def register(registry: Registry) -> Registry:
     return registry
 
 
+def _line(path: str, text: str) -> None:
+    if path:
+        with open(path, "a") as fh:
+            fh.write(text + "\n")
+
+
+def ticker(ctx) -> None:
+    _line(ctx.plan["path"], f"start {ctx.plan['label']}")
+    ticks = 0
+    while ctx.running():
+        plan = ctx.plan
+        ticks += 1
+        _line(plan["path"], f"tick {plan['label']}")
+        ctx.progress(ticks=ticks, label=plan["label"])
+        ctx.sleep(plan["interval_s"])
+
+
+def crasher(ctx) -> None:
+    _line(ctx.plan["path"], "start crasher")
+    for _ in range(ctx.plan["rounds"]):
+        if not ctx.sleep(0.01):
+            return
+    raise RuntimeError("boom")
+
+
+ACTIVITY_ARGS = {
+    "interval_s": Arg(float, default=0.05, min=0.001, max=60),
+    "label": Arg(str, default="a", max_len=40),
+    "path": Arg(str, default=""),
+}
+
+
+def register_activities(registry: ActivityRegistry) -> ActivityRegistry:
+    registry.register("test.ticker", args=ACTIVITY_ARGS, description="Writes a line per round.")(ticker)
+    registry.register("test.crasher", args={"rounds": Arg(int, default=0, min=0), "path": Arg(str, default="")},
+                      description="Crashes after some rounds.")(crasher)
+    return registry
+
+
 register(default_registry)
+register_activities(default_activities)

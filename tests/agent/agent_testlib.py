@@ -33,7 +33,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "con
 
 def agent_config(state_dir: Path, console_url: str | None = None, **keys: str) -> Config:
     """A Config from LOCKSTEP_* values; keys are given without the prefix: backoff_max_s="0.5"."""
-    values = {"LOCKSTEP_STATE_DIR": str(state_dir)}
+    values = {"LOCKSTEP_STATE_DIR": str(state_dir), "LOCKSTEP_AGENT_SOCKET": str(Path(state_dir) / "agent.sock")}
     if console_url:
         values["LOCKSTEP_CONSOLE_URL"] = console_url
     for key, value in keys.items():
@@ -46,6 +46,8 @@ def subprocess_env(**keys: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
     env["PYTHONUNBUFFERED"] = "1"
+    # never the machine's /run/lockstep/agent.sock: tests (and other checkouts) run side by side
+    keys.setdefault("agent_socket", str(Path(keys["state_dir"]) / "agent.sock") if "state_dir" in keys else "none")
     for key, value in keys.items():
         env[f"LOCKSTEP_{key.upper()}"] = str(value)
     return env

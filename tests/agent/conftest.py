@@ -36,6 +36,7 @@ from fake_console import FakeConsole
 
 from agent import log as agentlog
 from agent import telemetry
+from agent.activities import ActivityRegistry, default_activities
 from agent.commands import Registry, load_modules
 from agent.daemon import Daemon
 
@@ -69,9 +70,22 @@ def registry() -> Registry:
     reg = Registry()
     from agent.commands import default_registry
 
-    for name in ("inventory.refresh", "node.health"):
+    for name in ("inventory.refresh", "node.health", "activity.set"):
         reg.add(default_registry.get(name))
     return agent_test_commands.register(reg)
+
+
+@pytest.fixture
+def activities() -> ActivityRegistry:
+    """The built-in activities and the test ones."""
+    import agent_test_commands
+
+    load_modules()
+    reg = ActivityRegistry()
+    for name in default_activities.names():
+        if not name.startswith("test."):
+            reg.add(default_activities.get(name))
+    return agent_test_commands.register_activities(reg)
 
 
 class RunningDaemon:
@@ -89,13 +103,14 @@ class RunningDaemon:
         assert not self.thread.is_alive(), "daemon did not stop"
         # In a process the loops die with it; here, let an in-flight long poll end so that it
         # cannot claim commands for a stopped agent.
-        for loop in self.daemon._threads:
-            loop.join(timeout)
+        if self.daemon.supervisor is not None:
+            for loop in self.daemon.supervisor.threads():
+                loop.join(timeout)
         return self.exit_code
 
 
 @pytest.fixture
-def start_daemon(registry, tmp_path):
+def start_daemon(registry, activities, tmp_path):
     """start_daemon(console, state_dir=None, nvml=None, **config_keys) -> RunningDaemon (in this process)."""
     started: list[RunningDaemon] = []
     agentlog.setup("debug")
@@ -107,7 +122,7 @@ def start_daemon(registry, tmp_path):
         keys.setdefault("machine_id", "machine-a")
         keys.setdefault("shutdown_grace_s", "1")
         config = agent_config(state_dir or tmp_path / "state", console.url if console else None, **keys)
-        running = RunningDaemon(Daemon(config, registry=registry, nvml=nvml))
+        running = RunningDaemon(Daemon(config, registry=registry, nvml=nvml, activities=activities))
         running.thread.start()
         started.append(running)
         if wait_ready:

@@ -41,7 +41,12 @@ def test_enrolls_reports_and_runs_builtin_commands(console, start_daemon):
     node = node_of(running)
     wait_for(lambda: len(console.heartbeats(node)) >= 2, 10, "two heartbeats")
     beat = console.heartbeats(node)[-1]
-    assert set(beat) == {"agent_version", "uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running"}
+    assert set(beat) == {"agent_version", "uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running",
+                         "activities"}
+    health = {a["name"]: a for a in beat["activities"]}
+    assert {"agent.heartbeat", "agent.commands", "agent.telemetry", "inventory.report", "health.report"} <= set(health)
+    assert health["agent.heartbeat"]["state"] == "running" and health["agent.heartbeat"]["essential"] is True
+    assert health["inventory.report"]["desired"] == "running" and health["test.ticker"]["state"] == "stopped"
     assert console.node(node).state == "ready"
 
     inventory = wait_for(lambda: console.inventory(node), 10, "the inventory PUT")

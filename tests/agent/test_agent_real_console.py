@@ -9,6 +9,7 @@ and without duplicates, and the node's ``telemetry_dropped`` is what the agent d
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from agent_testlib import DATA, count_lines, wait_for
@@ -130,3 +131,51 @@ def test_the_agent_rides_out_a_console_restart(real_console, start_daemon, tmp_p
 
 def done_locally(running, cid: str) -> bool:
     return running.daemon.store.completed(cid) is not None
+
+
+@pytest.fixture
+def short_dir():
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="ls-rc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_activity_commands_and_local_socket_events_against_the_real_console(real_console, start_daemon, tmp_path,
+                                                                            short_dir):
+    from agent.localsock.client import AgentSocket
+    from console.commands import dispatch
+    from console.fleet.models import Node
+
+    console = real_console
+    sock_path = short_dir / "agent.sock"
+    running = start_daemon(console, enroll_token=console.create_token(), agent_socket=str(sock_path))
+    node = node_of(running)
+    wait_for(lambda: console.node(node).state == "ready", 15, "the node to be ready")
+    log = tmp_path / "ticker.log"
+
+    # through the console's own validation: it stamps the revision
+    command, _ = dispatch.issue_command(Node.objects.get(pk=node), "activity.set",
+                                        {"name": "test.ticker", "args": {"path": str(log), "label": "rc"}})
+    assert command.args["revision"] > 0
+    wait_for(lambda: done(console, str(command.pk)), 20, "activity.set")
+    assert console.command(str(command.pk)).status == "succeeded"
+    assert console.command(str(command.pk)).result["desired"]["revision"] == command.args["revision"]
+    wait_for(lambda: log.exists() and "tick rc" in log.read_text(), 10, "the ticker to run")
+
+    def stored_health():
+        status = Node.objects.get(pk=node).agent_status or {}
+        entry = next((a for a in status.get("activities", []) if a.get("name") == "test.ticker"), None)
+        return entry if entry and entry["state"] == "running" else None
+
+    entry = wait_for(stored_health, 15, "the ticker's health stored from a heartbeat")
+    assert entry["revision"] == command.args["revision"] and entry["restarts"] == 0
+
+    client = AgentSocket(str(sock_path))
+    assert client.event("job.heartbeat", {"job": "j-7", "step": 3}, ts_ns=1_764_000_000_500_000_000)
+    rows = wait_for(lambda: [r for r in console.telemetry_records(node) if r["kind"] == "event.job.heartbeat"], 20,
+                    "the event as a telemetry row")
+    assert rows[0]["data"] == {"job": "j-7", "step": 3}
+    assert rows[0]["ts"].timestamp() == 1_764_000_000.5

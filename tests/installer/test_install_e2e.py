@@ -87,7 +87,7 @@ def test_install_enrolls_the_node_rerun_changes_nothing_and_uninstall_removes_ev
     assert env_file.stat().st_mode & 0o777 == 0o600 and env_file.stat().st_uid == 0
     assert env_file.read_text().splitlines()[2:] == [
         f"LOCKSTEP_CONSOLE_URL={ns_console.url}", f"LOCKSTEP_STATE_DIR={root}/var/lib/lockstep",
-        f"LOCKSTEP_HOSTNAME={HOSTNAME}",
+        f"LOCKSTEP_HOSTNAME={HOSTNAME}", f"LOCKSTEP_AGENT_SOCKET={root}/run/lockstep/agent.sock",
     ]
     credential = install_root / "var/lib/lockstep/credential.json"
     assert credential.stat().st_mode & 0o777 == 0o600

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("standin_agent.py")
 
 
-def cli(*args: str, env: dict | None = None, prefix_argv: list[str] | None = None) -> subprocess.CompletedProcess:
-    argv = (prefix_argv or []) + [sys.executable, "-m", "testbed", *args]
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "testbed", *args]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -47,14 +46,28 @@ def test_help_explains_every_option(command, expected):
         assert word in out.stdout, (command, word)
 
 
+# The CLI as another user. The checkout may sit in a directory only root can read (a clone in
+# `mktemp -d`, mode 0700), so the child imports it while still root, then drops to `nobody`
+# before `main` runs: the root check sees a non-root user, exactly as `python -m testbed` would.
+AS_NOBODY = """
+import os, sys
+import testbed.cli
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+assert os.geteuid() == 65534
+sys.argv = ["testbed", *sys.argv[1:]]
+sys.exit(testbed.cli.main())
+"""
+
+
 def test_clear_error_when_not_root():
-    wrapper = []
     if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("setpriv (util-linux) is needed to drop root")
-        wrapper = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    out = cli("status", prefix_argv=wrapper, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
-    assert out.returncode == 1
+        out = subprocess.run([sys.executable, "-c", AS_NOBODY, "status"], cwd=REPO, capture_output=True, text=True,
+                             timeout=120, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})
+    else:
+        out = cli("status")
+    assert out.returncode == 1, out.stderr
     assert "needs root" in out.stderr and "Traceback" not in out.stderr
 
 

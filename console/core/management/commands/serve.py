@@ -6,6 +6,7 @@ import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.commands import wakeup
 from console.core.beat import InProcessBeat
 
 
@@ -37,18 +38,28 @@ def bind(address: str, port: int) -> socket.socket:
     return sock
 
 
+class Server(uvicorn.Server):
+    async def shutdown(self, sockets=None):
+        # Answer the held long polls first: otherwise the graceful shutdown waits for them, times
+        # out and cancels them, and each cancelled request prints its traceback.
+        wakeup.drain()
+        await super().shutdown(sockets)
+
+
 def serve(host: str, port: int, also_listen=(), beat: bool = True) -> None:
     sockets = [bind(address, port) for address in [host, *also_listen]]
     ticker = InProcessBeat() if beat else None
     if ticker:
         ticker.start()
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: make that an exception here, so
-    # callers' `finally` blocks (the demo's fabric teardown) run instead of the process dying.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # uvicorn shuts down gracefully on SIGTERM and SIGINT (Ctrl-C), then re-raises the signal: make
+    # that a clean exit here, so callers' `finally` blocks (the demo's fabric teardown) run instead
+    # of the process dying or printing a KeyboardInterrupt traceback.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: sys.exit(0))
     config = uvicorn.Config("console.asgi:application", lifespan="off", log_config=None,
                             access_log=False, timeout_graceful_shutdown=5)
     try:
-        uvicorn.Server(config).run(sockets=sockets)
+        Server(config).run(sockets=sockets)
     finally:
         if ticker:
             ticker.stop()
