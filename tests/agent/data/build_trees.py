@@ -288,7 +288,9 @@ def write_tree(spec: dict, out: Path) -> Path:
 
     audit = spec["audit"]
     driver_dir = sysd / "bus" / "pci" / "drivers" / audit["driver"]
-    driver_dir.mkdir(parents=True, exist_ok=True)
+    # sysfs driver directories hold `bind`, `unbind`, `uevent`...: one such file keeps the directory
+    # (a symlink target) in git, which does not store empty directories.
+    _write(driver_dir / "uevent", "")
     ethtool = {}
     for gpu in spec["gpus"]:
         pci_dev(gpu["path"], gpu["numa"])
