@@ -77,21 +77,45 @@ class EstimateError(ValueError):
 
 
 def _robust_scale(x: np.ndarray, k: float, floor: float) -> tuple[float, float]:
-    """(centre, scale) of the core of ``x``: MAD, re-estimated on the points within ``k`` scales."""
+    """(centre, scale) of the narrow core of ``x`` (the pure pairs), beside a broad background.
+
+    Under load most pairs are disturbed, so a MAD would measure the queueing, not the
+    timestamp noise. A small EM separates a narrow Gaussian (started on the densest tenth of
+    the points: the central 10 % of a Gaussian spans ±0.126 σ) from a broad Gaussian and a
+    uniform floor.
+    """
     if x.size == 0:
         return 0.0, floor
-    centre = float(np.median(x))
-    scale = max(1.4826 * float(np.median(np.abs(x - centre))), floor / k)
-    for _ in range(20):
-        inside = x[np.abs(x - centre) <= k * scale]
-        if inside.size < 3:
+    xs = np.sort(x.astype(np.float64))
+    h = max(3, xs.size // 10)
+    if xs.size < 20:
+        centre = float(np.median(xs))
+        return centre, max(1.4826 * float(np.median(np.abs(xs - centre))), floor / k)
+    widths = xs[h - 1:] - xs[: xs.size - h + 1]
+    j = int(np.argmin(widths))
+    mu = float(np.median(xs[j: j + h]))
+    sig = max(float(widths[j]) / 2 / 0.1257, floor / k)
+    wide = max(1.4826 * float(np.median(np.abs(xs - mu))), 3 * sig)
+    span = float(xs[-1] - xs[0]) + 1.0
+    w = np.array([0.3, 0.6, 0.1])
+    for _ in range(60):
+        logs = np.stack([np.log(w[0]) + _gauss_logpdf(xs - mu, sig), np.log(w[1]) + _gauss_logpdf(xs - mu, wide),
+                         np.full(xs.size, np.log(w[2]) - np.log(span))])
+        resp = np.exp(logs - logsumexp(logs, axis=0))
+        w = np.clip(resp.mean(axis=1), 1e-4, None)
+        w /= w.sum()
+        r0 = resp[0]
+        total = float(r0.sum())
+        if total < 3:
             break
-        new_centre = float(np.median(inside))
-        new_scale = max(1.4826 * float(np.median(np.abs(inside - new_centre))), floor / k)
-        if abs(new_scale - scale) <= 1e-6 * scale and new_centre == centre:
+        mu = float(np.sum(r0 * xs) / total)
+        new_sig = max(math.sqrt(float(np.sum(r0 * (xs - mu) ** 2)) / total), floor / k)
+        wide = max(math.sqrt(float(np.sum(resp[1] * (xs - mu) ** 2)) / max(float(resp[1].sum()), 1e-9)), 2 * new_sig)
+        if abs(new_sig - sig) <= 1e-6 * sig:
+            sig = new_sig
             break
-        centre, scale = new_centre, new_scale
-    return centre, scale
+        sig = new_sig
+    return mu, sig
 
 
 def coded_filter(trace: Trace, config: EstimatorConfig = EstimatorConfig()) -> tuple[np.ndarray, dict]:
@@ -179,98 +203,144 @@ def _gauss_logpdf(x: np.ndarray, s: float) -> np.ndarray:
 class _Mixture:
     """Negative log-likelihood of both directions' residuals around a shared line.
 
-    Parameters (scaled so each is O(1)): θ₀/s0, γ·T/s0, d/s0, then per direction
-    log(s/s0), logit p (pure fraction), log(β/s0).
+    Per direction the height above the delay floor is pure noise N(0, s²) (no queueing) or
+    that noise plus a queue wait drawn from one of two exponentials (short waits and long ones:
+    a single exponential cannot follow both a lightly loaded queue and a congestion episode),
+    with a thin uniform floor for anything else. Parameters, scaled to O(1): θ₀/s0, γ·T/s0,
+    d/s0, then per direction log(s/s0), two logits of the mixture weights (against the pure
+    weight), log(β₁/s0) and log(β₂/β₁ − 1).
     """
 
+    PER_DIR = 5
+
     def __init__(self, t_s, u, fwd, s0, outlier_weight):
-        self.t = t_s / max(float(np.max(np.abs(t_s))), 1e-9)
         self.t_scale = max(float(np.max(np.abs(t_s))), 1e-9)
+        self.t = t_s / self.t_scale
         self.u = u / s0
         self.sign = np.where(fwd, 1.0, -1.0)
-        self.fwd = fwd
+        self.masks = (fwd, ~fwd)
         self.s0 = s0
         span = float(np.ptp(self.u)) + 10.0
         self.log_floor = math.log(outlier_weight / span)
         self.log_main = math.log1p(-outlier_weight)
 
+    def unpack(self, p: np.ndarray, k: int) -> tuple[float, np.ndarray, float, float]:
+        ls, l1, l2, lb, lr = p[3 + self.PER_DIR * k: 3 + self.PER_DIR * (k + 1)]
+        logits = np.array([0.0, l1, l2])
+        log_w = logits - logsumexp(logits)
+        beta1 = math.exp(lb)
+        return math.exp(ls), log_w, beta1, beta1 * (1.0 + math.exp(lr))
+
     def nll(self, p: np.ndarray) -> float:
-        theta, gamma, d = p[0], p[1], p[2]
-        x = self.u - self.sign * (theta + gamma * self.t) - d
+        return self.nll_grad(p)[0]
+
+    def nll_grad(self, p: np.ndarray) -> tuple[float, np.ndarray]:
+        """The negative log-likelihood and its analytic gradient."""
+        x = self.u - self.sign * (p[0] + p[1] * self.t) - p[2]
         total = 0.0
-        for k, mask in enumerate((self.fwd, ~self.fwd)):
+        grad = np.zeros_like(p)
+        dl_dx = np.zeros_like(x)
+        for k, mask in enumerate(self.masks):
             if not mask.any():
                 continue
-            ls, lp, lb = p[3 + 3 * k: 6 + 3 * k]
-            s, beta = math.exp(ls), math.exp(lb)
-            log_p = -np.logaddexp(0.0, -lp)
-            log_q = -np.logaddexp(0.0, lp)
+            s, log_w, beta1, beta2 = self.unpack(p, k)
             xm = x[mask]
-            main = np.logaddexp(log_p + _gauss_logpdf(xm, s), log_q + _exgauss_logpdf(xm, s, beta))
-            total -= float(np.sum(np.logaddexp(self.log_main + main, self.log_floor)))
-        return total
+            g = [log_w[0] + _gauss_logpdf(xm, s)]
+            parts = []
+            for beta in (beta1, beta2):
+                z = xm / s - s / beta
+                lnd = log_ndtr(z)
+                mills = np.exp(-0.5 * z * z - 0.5 * math.log(2 * math.pi) - lnd)
+                g.append(-math.log(beta) + s * s / (2 * beta * beta) - xm / beta + lnd)
+                parts.append((beta, mills))
+            g[1] = g[1] + log_w[1]
+            g[2] = g[2] + log_w[2]
+            g = np.stack(g)
+            lse = logsumexp(g, axis=0)
+            ll = np.logaddexp(self.log_main + lse, self.log_floor)
+            total -= float(np.sum(ll))
+            weight = np.exp(self.log_main + lse - ll)  # share of the point the main mixture explains
+            resp = np.exp(g - lse) * weight  # ∂ll/∂g_c
+            # ∂g/∂x and ∂g/∂s per component
+            gx = [-xm / (s * s)]
+            gs = [xm * xm / s**3 - 1.0 / s]
+            gb = []
+            for beta, mills in parts:
+                gx.append(-1.0 / beta + mills / s)
+                gs.append(s / beta**2 + mills * (-xm / (s * s) - 1.0 / beta))
+                gb.append(-1.0 / beta - s * s / beta**3 + xm / beta**2 + mills * s / beta**2)
+            dl_dx[mask] = sum(resp[c] * gx[c] for c in range(3))
+            o = 3 + self.PER_DIR * k
+            grad[o] = -float(np.sum(sum(resp[c] * gs[c] for c in range(3)))) * s
+            w = np.exp(log_w)
+            rsum = resp.sum(axis=1)
+            tot = weight.sum()
+            grad[o + 1] = -float(rsum[1] - w[1] * tot)
+            grad[o + 2] = -float(rsum[2] - w[2] * tot)
+            d_b1 = float(np.sum(resp[1] * gb[0]))
+            d_b2 = float(np.sum(resp[2] * gb[1]))
+            grad[o + 3] = -(d_b1 * beta1 + d_b2 * beta2)
+            grad[o + 4] = -(d_b2 * (beta2 - beta1))
+        # x = u − sign·(θ + γt) − d
+        grad[0] = float(np.sum(dl_dx * self.sign))
+        grad[1] = float(np.sum(dl_dx * self.sign * self.t))
+        grad[2] = float(np.sum(dl_dx))
+        return total, grad
 
 
-def _hessian(f, x: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    n = x.size
-    h = np.zeros((n, n))
-    f0 = f(x)
-    for i in range(n):
-        ei = np.zeros(n)
-        ei[i] = steps[i]
-        h[i, i] = (f(x + ei) - 2 * f0 + f(x - ei)) / steps[i] ** 2
-        for j in range(i + 1, n):
-            ej = np.zeros(n)
-            ej[j] = steps[j]
-            h[i, j] = h[j, i] = (f(x + ei + ej) - f(x + ei - ej) - f(x - ei + ej) + f(x - ei - ej)) / (
-                4 * steps[i] * steps[j])
-    return h
+def _line_hessian(model: _Mixture, x: np.ndarray, step: float = 1e-4) -> np.ndarray:
+    """Hessian of the NLL in the line's parameters (θ₀, γ, d), by differences of the gradient."""
+    h = np.zeros((3, 3))
+    for i in range(3):
+        e = np.zeros_like(x)
+        e[i] = step
+        h[:, i] = (model.nll_grad(x + e)[1][:3] - model.nll_grad(x - e)[1][:3]) / (2 * step)
+    return (h + h.T) / 2
 
 
-def _refine(t_s, u, fwd, theta_lp, gamma_lp, d_lp, s_point, config):
-    """The mixture fit; returns (θ₀, γ, d, sigma_θ₀, details) in ns, ns/s, ns, ns."""
+def _refine(t_s, u, fwd, theta_lp, gamma_lp, d_lp, s_dir, config):
+    """The mixture fit; returns (θ₀, γ, d, sigma_θ₀, details) in ns, ns/s, ns, ns.
+
+    ``s_dir`` is each direction's noise scale measured by the coded pairs: the fit may move it
+    only within a factor of four, so the Gaussian cannot swallow the queue waits.
+    """
     sign = np.where(fwd, 1.0, -1.0)
     resid = u - sign * (theta_lp + gamma_lp * t_s) - d_lp  # ≥ about 0: height above the margin
     init_dir = []
-    for mask in (fwd, ~fwd):
+    for mask, s_meas in zip((fwd, ~fwd), s_dir, strict=True):
         r = resid[mask]
-        if r.size < 4:
-            init_dir.append((0.0, s_point, 0.5, 3 * s_point))
-            continue
-        mode = _half_sample_mode(r)
-        below = r[r <= mode]
-        s = max(float(np.sqrt(np.mean((below - mode) ** 2))) if below.size > 2 else s_point, 0.3 * s_point, 1e-3)
-        above = r[r > mode + 3 * s]
-        beta = max(float(np.mean(above - mode)) if above.size else 3 * s, 2 * s)
-        frac_pure = float(np.clip(np.mean(np.abs(r - mode) <= 2 * s) / 0.95, 0.05, 0.95))
-        init_dir.append((mode, s, frac_pure, beta))
+        mode = _half_sample_mode(r) if r.size >= 4 else float(np.median(r))
+        above = r[r > mode + 3 * s_meas]
+        beta = max(float(np.median(above - mode)) if above.size else 3 * s_meas, 2 * s_meas)
+        frac_pure = float(np.clip(np.mean(np.abs(r - mode) <= 2 * s_meas) / 0.95, 0.05, 0.95))
+        init_dir.append((mode, s_meas, frac_pure, beta))
     (cf, sf, pf, bf), (cr, sr, pr, br) = init_dir
     s0 = max(min(sf, sr), 1e-3)
-    theta_init = theta_lp + (cf - cr) / 2
-    d_init = d_lp + (cf + cr) / 2
     model = _Mixture(t_s, u, fwd, s0, config.outlier_weight)
-
-    def logit(p):
-        return math.log(p / (1 - p))
-
-    x0 = np.array([theta_init / s0, gamma_lp * model.t_scale / s0, d_init / s0,
-                   math.log(sf / s0), logit(pf), math.log(bf / s0),
-                   math.log(sr / s0), logit(pr), math.log(br / s0)])
-    res = optimize.minimize(model.nll, x0, method="L-BFGS-B",
-                            options={"maxiter": 500, "ftol": 1e-12, "gtol": 1e-7})
+    x0 = [(theta_lp + (cf - cr) / 2) / s0, gamma_lp * model.t_scale / s0, (d_lp + (cf + cr) / 2) / s0]
+    bounds = [(None, None)] * 3
+    for s, pure, beta in ((sf, pf, bf), (sr, pr, br)):
+        q = (1 - pure) / 2
+        x0 += [math.log(s / s0), math.log(q / pure), math.log(q / pure), math.log(beta / 3 / s0), math.log(8.0)]
+        bounds += [(math.log(s / s0 / 4), math.log(4 * s / s0)), (-12, 12), (-12, 12),
+                   (math.log(0.05), math.log(1e7)), (-3, 12)]
+    x0 = np.array(x0)
+    res = optimize.minimize(model.nll_grad, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                            options={"maxiter": 400, "ftol": 1e-10, "gtol": 1e-6})
     x = res.x
     theta, gamma, d = x[0] * s0, x[1] * s0 / model.t_scale, x[2] * s0
-    steps = np.full(x.size, 1e-3)
+    # Uncertainty of θ₀ from the observed information of the line (θ₀, γ, d) at the optimum.
     try:
-        cov = np.linalg.inv(_hessian(model.nll, x, steps))
+        cov = np.linalg.inv(_line_hessian(model, x))
         var = float(cov[0, 0])
         sigma = math.sqrt(var) * s0 if var > 0 and math.isfinite(var) else float("nan")
     except np.linalg.LinAlgError:
         sigma = float("nan")
-    details = {"converged": bool(res.success), "iterations": int(res.nit),
-               "noise_ns": {"ab": math.exp(x[3]) * s0, "ba": math.exp(x[6]) * s0},
-               "pure_fraction": {"ab": 1 / (1 + math.exp(-x[4])), "ba": 1 / (1 + math.exp(-x[7]))},
-               "queue_mean_ns": {"ab": math.exp(x[5]) * s0, "ba": math.exp(x[8]) * s0}}
+    details = {"converged": bool(res.success), "iterations": int(res.nit), "evaluations": int(res.nfev), "message": str(res.message)}
+    for k, name in enumerate(("ab", "ba")):
+        s, log_w, b1, b2 = model.unpack(x, k)
+        details[name] = {"noise_ns": s * s0, "pure_fraction": float(math.exp(log_w[0])),
+                         "queue_ns": [b1 * s0, b2 * s0]}
     return theta, gamma, d, sigma, details
 
 
@@ -291,8 +361,9 @@ def estimate(trace: Trace, config: EstimatorConfig = EstimatorConfig()) -> Estim
     if fwd.sum() < 2 or (~fwd).sum() < 2:
         raise EstimateError("fewer than two usable packets in one direction")
     # Per-packet noise scale from the coded pairs: a gap error is the difference of two packets' noise.
-    gap_scales = [filter_stats[k]["gap_scale_ns"] for k in ("ab", "ba") if filter_stats[k]["pairs"] >= 3]
-    s_point = max(float(np.median(gap_scales)) / math.sqrt(2) if gap_scales else 1.0, 0.5)
+    gap_scales = {k: filter_stats[k]["gap_scale_ns"] for k in ("ab", "ba") if filter_stats[k]["pairs"] >= 3}
+    s_point = max(float(np.median(list(gap_scales.values()))) / math.sqrt(2) if gap_scales else 1.0, 0.5)
+    s_dir = tuple(max(gap_scales.get(k, s_point * math.sqrt(2)) / math.sqrt(2), 0.5) for k in ("ab", "ba"))
 
     active = np.ones(u.size, dtype=bool)
     glitches = 0
@@ -316,7 +387,7 @@ def estimate(trace: Trace, config: EstimatorConfig = EstimatorConfig()) -> Estim
     if config.refine:
         try:
             r_theta, r_gamma, r_d, r_sigma, details = _refine(
-                t_s[active], u[active], fwd[active], theta, gamma, d, s_point, config)
+                t_s[active], u[active], fwd[active], theta, gamma, d, s_dir, config)
         except (ValueError, FloatingPointError, np.linalg.LinAlgError, OverflowError) as exc:
             result.details["refine_failed"] = str(exc)
             return result
