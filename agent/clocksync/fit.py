@@ -51,6 +51,7 @@ class EstimatorConfig:
     glitch_k: float = 10.0  # a point this many noise scales past the margin is a glitch
     refine: bool = True
     outlier_weight: float = 2e-3  # the uniform floor of the mixture
+    pure_prior: float = 0.05  # pseudo-counts (fraction of a direction's points) for its pure weight
 
 
 @dataclass
@@ -213,7 +214,8 @@ class _Mixture:
 
     PER_DIR = 5
 
-    def __init__(self, t_s, u, fwd, s0, outlier_weight):
+    def __init__(self, t_s, u, fwd, s0, outlier_weight, pure_prior=0.0):
+        self.pure_prior = pure_prior
         self.t_scale = max(float(np.max(np.abs(t_s))), 1e-9)
         self.t = t_s / self.t_scale
         self.u = u / s0
@@ -277,6 +279,13 @@ class _Mixture:
             tot = weight.sum()
             grad[o + 1] = -float(rsum[1] - w[1] * tot)
             grad[o + 2] = -float(rsum[2] - w[2] * tot)
+            # A weak prior on the pure weight (pseudo-counts): when queue waits are no longer than
+            # the noise, the likelihood alone can slide the pure band down under a wall of
+            # "queued" points; a FIFO with any idle time has pure packets.
+            n_dir = xm.size * self.pure_prior
+            total -= n_dir * float(log_w[0])
+            grad[o + 1] += n_dir * w[1]
+            grad[o + 2] += n_dir * w[2]
             d_b1 = float(np.sum(resp[1] * gb[0]))
             d_b2 = float(np.sum(resp[2] * gb[1]))
             grad[o + 3] = -(d_b1 * beta1 + d_b2 * beta2)
@@ -288,13 +297,13 @@ class _Mixture:
         return total, grad
 
 
-def _line_hessian(model: _Mixture, x: np.ndarray, step: float = 1e-4) -> np.ndarray:
-    """Hessian of the NLL in the line's parameters (θ₀, γ, d), by differences of the gradient."""
-    h = np.zeros((3, 3))
-    for i in range(3):
+def _full_hessian(model: _Mixture, x: np.ndarray, step: float = 1e-4) -> np.ndarray:
+    """Hessian of the NLL, by central differences of the analytic gradient."""
+    h = np.zeros((x.size, x.size))
+    for i in range(x.size):
         e = np.zeros_like(x)
         e[i] = step
-        h[:, i] = (model.nll_grad(x + e)[1][:3] - model.nll_grad(x - e)[1][:3]) / (2 * step)
+        h[:, i] = (model.nll_grad(x + e)[1] - model.nll_grad(x - e)[1]) / (2 * step)
     return (h + h.T) / 2
 
 
@@ -316,7 +325,7 @@ def _refine(t_s, u, fwd, theta_lp, gamma_lp, d_lp, s_dir, config):
         init_dir.append((mode, s_meas, frac_pure, beta))
     (cf, sf, pf, bf), (cr, sr, pr, br) = init_dir
     s0 = max(min(sf, sr), 1e-3)
-    model = _Mixture(t_s, u, fwd, s0, config.outlier_weight)
+    model = _Mixture(t_s, u, fwd, s0, config.outlier_weight, config.pure_prior)
     x0 = [(theta_lp + (cf - cr) / 2) / s0, gamma_lp * model.t_scale / s0, (d_lp + (cf + cr) / 2) / s0]
     bounds = [(None, None)] * 3
     for s, pure, beta in ((sf, pf, bf), (sr, pr, br)):
@@ -329,9 +338,10 @@ def _refine(t_s, u, fwd, theta_lp, gamma_lp, d_lp, s_dir, config):
                             options={"maxiter": 400, "ftol": 1e-10, "gtol": 1e-6})
     x = res.x
     theta, gamma, d = x[0] * s0, x[1] * s0 / model.t_scale, x[2] * s0
-    # Uncertainty of θ₀ from the observed information of the line (θ₀, γ, d) at the optimum.
+    # Uncertainty of θ₀ from the observed information at the optimum (all parameters: the
+    # mixture's shape and the line trade off against each other).
     try:
-        cov = np.linalg.inv(_line_hessian(model, x))
+        cov = np.linalg.pinv(_full_hessian(model, x))
         var = float(cov[0, 0])
         sigma = math.sqrt(var) * s0 if var > 0 and math.isfinite(var) else float("nan")
     except np.linalg.LinAlgError:
@@ -360,11 +370,13 @@ def estimate(trace: Trace, config: EstimatorConfig = EstimatorConfig()) -> Estim
     t_s = (np.where(fwd, trace.tx[keep], trace.rx[keep]) - np.int64(trace.t_ref_ns)).astype(np.float64) / NS_PER_S
     if fwd.sum() < 2 or (~fwd).sum() < 2:
         raise EstimateError("fewer than two usable packets in one direction")
-    # Per-packet noise scale from the coded pairs: a gap error is the difference of two packets' noise.
-    gap_scales = {k: filter_stats[k]["gap_scale_ns"] for k in ("ab", "ba") if filter_stats[k]["pairs"] >= 3}
-    s_point = max(float(np.median(list(gap_scales.values()))) / math.sqrt(2) if gap_scales else 1.0, 0.5)
-    s_dir = tuple(max(gap_scales.get(k, s_point * math.sqrt(2)) / math.sqrt(2), 0.5) for k in ("ab", "ba"))
-
+    # Per-packet noise scale from the coded pairs: a gap error is the difference of two packets'
+    # noise (four timestamps), so a packet's own noise is the gap scale / √2. Both directions
+    # carry the same hosts' timestamps; a direction loaded so heavily that it has almost no
+    # pure pairs cannot measure its own, so the smaller scale (the credible one) bounds both.
+    gap_scales = {k: filter_stats[k]["gap_scale_ns"] for k in ("ab", "ba") if filter_stats[k]["pairs"] >= 20}
+    s_point = max(min(gap_scales.values()) / math.sqrt(2) if gap_scales else 1.0, 0.5)
+    s_dir = tuple(min(max(gap_scales.get(k, 0.0) / math.sqrt(2), s_point), 2 * s_point) for k in ("ab", "ba"))
     active = np.ones(u.size, dtype=bool)
     glitches = 0
     for _ in range(4):
