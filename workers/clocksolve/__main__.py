@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="flag an edge whose standardised residual exceeds this (default %(default)s)")
     args = parser.parse_args(argv)
     try:
-        text = sys.stdin.read() if args.graph == "-" else open(args.graph, encoding="utf-8").read()
+        if args.graph == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.graph, encoding="utf-8") as fh:
+                text = fh.read()
     except OSError as exc:
         print(f"error: cannot read {args.graph}: {exc.strerror}", file=sys.stderr)
         return 1

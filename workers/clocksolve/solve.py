@@ -192,7 +192,6 @@ def _solve_component(g: Graph, nodes: np.ndarray, ref: int, edges: np.ndarray, c
     denom = sig * np.sqrt(np.clip(1.0 - lev, 1e-6, None))
     checkable = lev < 1.0 - 1e-6  # an edge in no loop cannot be checked
     if config.robust != "none":
-        w = w0.copy()
         for _ in range(config.max_iter):
             r = delta - d @ x
             zraw = r / denom
@@ -207,7 +206,7 @@ def _solve_component(g: Graph, nodes: np.ndarray, ref: int, edges: np.ndarray, c
             new_w = w0 * np.maximum(factor, 1e-12)
             x_new = _wls(dg, new_w, delta)
             moved = float(np.max(np.abs(x_new - x))) if x.size else 0.0
-            x, w = x_new, new_w
+            x = x_new
             if moved <= 1e-6 * max(1.0, float(np.min(sig))):
                 break
         r = delta - d @ x
