@@ -42,7 +42,7 @@ class SolverConfig:
     robust: str = "tukey"  # "tukey" (redescending, with flagging), "huber" or "none" (plain WLS)
     tukey_c: float = 4.685
     huber_k: float = 1.345
-    flag_k: float = 5.0
+    flag_k: float = 8.0  # gross errors of interest are tens of σ; honest noise reaches 5–7 σ
     max_iter: int = 50
     sketch_k: int = 64
     seed: int = 0
