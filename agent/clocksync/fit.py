@@ -51,7 +51,7 @@ class EstimatorConfig:
     glitch_k: float = 10.0  # a point this many noise scales past the margin is a glitch
     refine: bool = True
     outlier_weight: float = 2e-3  # the uniform floor of the mixture
-    pure_prior: float = 0.05  # pseudo-counts (fraction of a direction's points) for its pure weight
+    pure_prior: float = 0.01  # pseudo-counts (fraction of a direction's points) for its pure weight
 
 
 @dataclass
