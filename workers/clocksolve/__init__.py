@@ -5,7 +5,7 @@
 """
 
 from workers.clocksolve.graph import GRAPH_FORMAT, SOLUTION_FORMAT, Graph, GraphError, parse_graph
-from workers.clocksolve.solve import Solution, SolverConfig, solve
+from workers.clocksolve.solver import Solution, SolverConfig, solve
 
 __all__ = ["GRAPH_FORMAT", "SOLUTION_FORMAT", "Graph", "GraphError", "Solution", "SolverConfig", "parse_graph",
            "solve"]

@@ -11,7 +11,7 @@ import json
 import sys
 
 from workers.clocksolve.graph import GraphError, parse_graph
-from workers.clocksolve.solve import SolverConfig, solve
+from workers.clocksolve.solver import SolverConfig, solve
 
 
 def main(argv: list[str] | None = None) -> int:
