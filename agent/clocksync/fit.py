@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import optimize, sparse
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import log_ndtr
 
 from agent.clocksync.trace import ESTIMATE_FORMAT, Trace
 
@@ -190,6 +190,14 @@ def _half_sample_mode(x: np.ndarray) -> float:
         j = int(np.argmin(widths))
         x = x[j: j + h]
     return float(np.mean(x))
+
+
+def logsumexp(a: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """log Σ exp(a), stable; scipy's has array-API overhead that dominates the small fits here."""
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
 
 
 def _exgauss_logpdf(x: np.ndarray, s: float, beta: float) -> np.ndarray:

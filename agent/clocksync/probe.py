@@ -375,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ``python -m agent.clocksync.probe --name A --bind ADDR [--interface IF] --peer B=ADDR:PORT ...
     --duration S --out DIR`` writes ``DIR/<A>~<B>.json`` (the last window) for every peer, and
-    ``DIR/<A>.stats.json``; with ``--every S`` it writes a trace each S seconds
-    (``DIR/<A>~<B>.<n>.json``).
+    ``DIR/<A>.stats.json``; with ``--every S`` it rewrites those traces every S seconds (atomically).
     """
     parser = argparse.ArgumentParser(prog="python -m agent.clocksync.probe")
     parser.add_argument("--name", required=True)
@@ -413,11 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         while (elapsed := time.monotonic() - start) < args.duration:
             if args.every and elapsed >= (written + 1) * args.every:
                 written += 1
-                dump(f".{written}")
-            time.sleep(0.05)
+                dump("")
+            time.sleep(0.01)
         dump("")
     with open(os.path.join(args.out, f"{args.name}.stats.json"), "w") as fh:
-        json.dump({"mode": prober.mode, "interface": interface, **prober.stats.__dict__}, fh)
+        json.dump({"mode": prober.mode, "interface": interface, "process_cpu_s": time.process_time(),
+                   "wall_s": time.monotonic() - start, **prober.stats.__dict__}, fh)
     return 0
 
 
