@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     fab.add_argument("--phases", default="idle,loaded")
     fab.add_argument("--out", help="directory for traces, logs and results (default: a temporary one)")
     fab.add_argument("--json", help="write the results here")
+    fab.add_argument("--keep-traces", action="store_true", help="keep every round's traces (analysis)")
     args = parser.parse_args(argv)
     if args.what == "offline":
         from bench.clocksync.offline import main as offline

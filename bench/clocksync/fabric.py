@@ -16,9 +16,9 @@
 4. Error of synchronized time for every host pair: (x̂ᵢ − x̂ⱼ) − (xᵢ − xⱼ), and of drift.
 5. In the same run, chrony 4 (Debian ``chrony``) as a measurement-only client (``chronyd -x``,
    ``minpoll -4 maxpoll -4 xleave``) in the last host against a chronyd server (``local
-   stratum 1``, also ``-x``) in host 0, across the spines like the probes. The namespaces share
-   one kernel clock, so chrony's true offset is 0: its estimated offset
-   (``statistics.log``) is its error.
+   stratum 1``, also ``-x``) in host 0, across the spine like the probes. The namespaces share
+   one kernel clock, so chrony's true offset is 0: the offset it tracks (``chronyc tracking``,
+   System time: with ``-x`` the whole correction it would apply) is its error, read every round.
 6. Phase ``idle``, then phase ``loaded``: every leaf-0 → spine link limited to 20 Mbit/s
    (``tc tbf``, 5 ms queue) and on/off UDP cross-traffic from a leaf-0 host to a leaf-1 host
    averaging about 70 % of it: one direction of every cross-leaf path queues, the other not.
@@ -138,20 +138,22 @@ def chrony_conf(directory: Path, server: str | None) -> Path:
     return path
 
 
-def chrony_offsets(logdir: Path) -> list[tuple[float, float]]:
-    """(unix time, estimated offset ns) from chronyd's statistics.log."""
-    out = []
-    path = logdir / "statistics.log"
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) < 6 or not parts[0][:4].isdigit():
-            continue
-        with contextlib.suppress(ValueError):
-            stamp = time.mktime(time.strptime(f"{parts[0]} {parts[1]}", "%Y-%m-%d %H:%M:%S")) - time.timezone
-            out.append((stamp, float(parts[4]) * 1e9))
-    return out
+def chrony_tracking(socket_path: Path) -> dict | None:
+    """chronyd's own estimate of the system clock against its server (``chronyc -c tracking``).
+
+    With ``-x`` chronyd never corrects the clock: it keeps the correction it would make, and
+    ``System time`` is that whole estimated offset (the statistics log's offsets are only the
+    residuals after it). The namespaces share the kernel clock, so the truth is 0 and this is
+    chrony's error; ``Frequency`` likewise is its drift error.
+    """
+    try:
+        line = subprocess.run(["chronyc", "-c", "-h", str(socket_path), "tracking"], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip().splitlines()[0]
+        fields = line.split(",")
+        return {"t": time.time(), "offset_ns": float(fields[4]) * 1e9, "last_offset_ns": float(fields[5]) * 1e9,
+                "freq_ppm": float(fields[7]), "stratum": int(fields[2])}
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 def _pct(values, q) -> float:
@@ -216,11 +218,11 @@ def main(args) -> int:
             log = open(out / f"prober-{h}.log", "w")  # noqa: SIM115
             probers[h] = fab.spawn(h, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
             procs.append(probers[h])
-        start_wall = time.time()
         start = time.monotonic()
         print(f"fabric {prefix}: {n} hosts, {len(edges)} probed pairs, phases {phases} × {args.duration:.0f} s, "
               f"output {out}", flush=True)
         rounds: list[dict] = []
+        chrony: list[dict] = []
         est_cpu = 0.0
         x_prev: dict[str, float] = {}
         load_started = None
@@ -241,13 +243,21 @@ def main(args) -> int:
             for a, b in edges:
                 path = traces / f"{a}~{b}.json"
                 try:
-                    trace = parse_trace(json.loads(path.read_text()))
+                    text = path.read_text()
+                    if args.keep_traces:
+                        (traces / f"{a}~{b}.r{k}.json").write_text(text)
+                    trace = parse_trace(json.loads(text))
                     est = estimate(trace)
                 except (OSError, ValueError, TraceError, EstimateError):
                     continue
                 pair[a, b] = {"offset": est.offset_ns, "drift": est.drift_ppm, "sigma": max(est.sigma_ns, 0.5),
                               "t_ref": trace.t_ref_ns}
             est_cpu += time.process_time() - t_cpu
+            tracked = chrony_tracking(chrony_dir / "client" / "chronyd.sock")
+            if tracked and tracked["stratum"] > 0:
+                tracked["phase"] = phase
+                tracked["elapsed"] = time.monotonic() - start
+                chrony.append(tracked)
             if not pair:
                 continue
             # One instant for every pair: the reference clock reading R; host a reads R + x_a then.
@@ -286,9 +296,8 @@ def main(args) -> int:
             stats_path = traces / f"{h}.stats.json"
             if stats_path.exists():
                 cpu_probers[h] = json.loads(stats_path.read_text())
-        chrony = chrony_offsets(chrony_dir / "client")
-        result = _summarize(rounds, phases, args, chrony, start_wall, cpu_probers, est_cpu, edges)
-        result.update({"hosts": n, "edges": len(edges), "rate_hz": args.rate, "load_before": load_before,
+        result = _summarize(rounds, phases, args, chrony, cpu_probers, est_cpu, edges)
+        result.update({"epoch_ns": epoch, "hosts": n, "edges": len(edges), "rate_hz": args.rate, "load_before": load_before,
                        "load_after": os.getloadavg(), "output": str(out),
                        "clocks": {h: {"offset_ns": c.offset_ns, "drift_ppm": c.drift_ppm} for h, c in clocks.items()}})
         (out / "rounds.json").write_text(json.dumps(rounds))
@@ -321,7 +330,7 @@ def _start_load(fab: Fabric, hosts: list[str], addr: dict, procs: list, out: Pat
     procs += [sink, blaster]
 
 
-def _summarize(rounds, phases, args, chrony, start_wall, cpu_probers, est_cpu, edges) -> dict:
+def _summarize(rounds, phases, args, chrony, cpu_probers, est_cpu, edges) -> dict:
     res: dict = {"phases": {}}
     for phase in phases:
         rs = [r for r in rounds if r["phase"] == phase]
@@ -331,7 +340,9 @@ def _summarize(rounds, phases, args, chrony, start_wall, cpu_probers, est_cpu, e
         drift = [e for r in settle for e in r["drift"]]
         raw = [e for r in settle for e in r["raw_edge"]]
         t0 = phases.index(phase) * args.duration
-        ch = [off for stamp, off in chrony if t0 + 10 <= stamp - start_wall < t0 + args.duration]
+        chs = [c for c in chrony if c["phase"] == phase and c["elapsed"] - t0 >= 10.0]
+        ch = [c["offset_ns"] for c in chs]
+        ch_freq = [c["freq_ppm"] for c in chs]
         res["phases"][phase] = {
             "rounds": len(settle), "pair_samples": len(pairs),
             "sync_error_p50_ns": _pct(pairs, 50), "sync_error_p99_ns": _pct(pairs, 99),
@@ -339,7 +350,8 @@ def _summarize(rounds, phases, args, chrony, start_wall, cpu_probers, est_cpu, e
             "raw_pair_error_p50_ns": _pct(raw, 50), "raw_pair_error_p99_ns": _pct(raw, 99),
             "drift_error_p50_ppm": _pct(drift, 50), "drift_error_p99_ppm": _pct(drift, 99),
             "chrony_offset_error_p50_ns": _pct(ch, 50), "chrony_offset_error_p99_ns": _pct(ch, 99),
-            "chrony_samples": len(ch),
+            "chrony_samples": len(ch), "chrony_drift_error_p50_ppm": _pct(ch_freq, 50),
+            "chrony_drift_error_p99_ppm": _pct(ch_freq, 99),
             "p99_ratio_vs_chrony": _pct(pairs, 99) / _pct(ch, 99) if ch else float("nan"),
             "flagged_edges_mean": float(np.mean([r["flagged"] for r in settle])) if settle else 0.0,
         }
