@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-from console.agentdist.build import Layout, PackageUnavailable, current_package, download_wheels
+from console.agentdist.build import Layout, PackageUnavailable, current_packages, download_wheels
 from testbed import netns_problem
 from tests.conftest import World
 from tests.installer.installer_lib import PREFIX, Console, NodeNamespace, TamperProxy
@@ -42,12 +42,12 @@ def pytest_collection_modifyitems(config, items):
 def agent_package():
     layout = Layout.default()
     try:
-        return current_package(layout)
+        return current_packages(layout)[0]
     except PackageUnavailable:
         pass
     try:
         download_wheels(layout)
-        return current_package(layout)
+        return current_packages(layout)[0]
     except PackageUnavailable as exc:
         pytest.fail(f"the agent package cannot be built, so the installer cannot be tested: {exc}")
 
