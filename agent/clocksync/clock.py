@@ -155,6 +155,16 @@ class ClusterClock:
                 "drift_ppm": s.drift_ppm if s else 0.0, "sigma_ns": s.sigma_ns if s else None,
                 "synced": self.synced(local)}
 
+    def one_way_delay_ns(self, tx_cluster_ns: int, rx_local_ns: int, tx_sigma_ns: float = 0.0) -> tuple[int, float]:
+        """(delay, its σ) of a packet the sender stamped in cluster time and this node received.
+
+        The probe mesh's one-way delays: the sender converts its send stamp with its own
+        cluster clock (and may send its σ); the receiver converts its receive stamp with this one.
+        """
+        s = self._state
+        mine = s.sigma_ns if s else float("inf")
+        return self.to_cluster(rx_local_ns) - int(tx_cluster_ns), (mine**2 + tx_sigma_ns**2) ** 0.5
+
     def time_reply(self, request_id: int) -> dict:
         """The local socket's answer to ``{"v":1,"op":"time","id":N}`` (docs in BRIEF's contract)."""
         return {"v": 1, "id": request_id, "ok": True, **self.now()}

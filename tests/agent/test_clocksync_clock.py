@@ -66,3 +66,18 @@ def test_the_reference_node_is_synced_with_zero_offset():
     assert clock.synced()
     local = time.time_ns()
     assert clock.to_cluster(local) == local
+
+
+def test_one_way_delays_come_from_both_ends_cluster_clocks():
+    epoch = time.time_ns()
+    sender_src = ClockSource(offset_ns=5_000_000, drift_ppm=20.0, epoch_ns=epoch)
+    receiver_src = ClockSource(offset_ns=-3_000_000, drift_ppm=-10.0, epoch_ns=epoch)
+    sender, receiver = ClusterClock(sender_src), ClusterClock(receiver_src)
+    # Each has learnt its exact offset and drift to the reference (real time here) at the epoch.
+    sender.update(5_000_000, 20.0, 30.0, t_ref_ns=sender_src.transform(epoch))
+    receiver.update(-3_000_000, -10.0, 40.0, t_ref_ns=receiver_src.transform(epoch))
+    sent_real = epoch + 2 * 10**9
+    tx_cluster = sender.to_cluster(sender_src.transform(sent_real))
+    delay, sigma = receiver.one_way_delay_ns(tx_cluster, receiver_src.transform(sent_real + 7_500), tx_sigma_ns=30.0)
+    assert abs(delay - 7_500) <= 2
+    assert sigma == pytest.approx(50.0)
