@@ -301,6 +301,7 @@ def main(args) -> int:
                        "load_after": os.getloadavg(), "output": str(out),
                        "clocks": {h: {"offset_ns": c.offset_ns, "drift_ppm": c.drift_ppm} for h, c in clocks.items()}})
         (out / "rounds.json").write_text(json.dumps(rounds))
+        (out / "chrony.json").write_text(json.dumps(chrony))
         print(json.dumps({k: v for k, v in result.items() if k != "clocks"}, indent=1, default=float))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1, default=float))
@@ -343,6 +344,7 @@ def _summarize(rounds, phases, args, chrony, cpu_probers, est_cpu, edges) -> dic
         chs = [c for c in chrony if c["phase"] == phase and c["elapsed"] - t0 >= 10.0]
         ch = [c["offset_ns"] for c in chs]
         ch_freq = [c["freq_ppm"] for c in chs]
+        ch_last = [c["last_offset_ns"] for c in chs]
         res["phases"][phase] = {
             "rounds": len(settle), "pair_samples": len(pairs),
             "sync_error_p50_ns": _pct(pairs, 50), "sync_error_p99_ns": _pct(pairs, 99),
@@ -350,6 +352,7 @@ def _summarize(rounds, phases, args, chrony, cpu_probers, est_cpu, edges) -> dic
             "raw_pair_error_p50_ns": _pct(raw, 50), "raw_pair_error_p99_ns": _pct(raw, 99),
             "drift_error_p50_ppm": _pct(drift, 50), "drift_error_p99_ppm": _pct(drift, 99),
             "chrony_offset_error_p50_ns": _pct(ch, 50), "chrony_offset_error_p99_ns": _pct(ch, 99),
+            "chrony_last_offset_p50_ns": _pct(ch_last, 50), "chrony_last_offset_p99_ns": _pct(ch_last, 99),
             "chrony_samples": len(ch), "chrony_drift_error_p50_ppm": _pct(ch_freq, 50),
             "chrony_drift_error_p99_ppm": _pct(ch_freq, 99),
             "p99_ratio_vs_chrony": _pct(pairs, 99) / _pct(ch, 99) if ch else float("nan"),
