@@ -21,7 +21,7 @@ import pytest
 from console.agentdist.build import Layout, PackageUnavailable, current_packages, download_wheels
 from testbed import netns_problem
 from tests.conftest import World
-from tests.installer.installer_lib import PREFIX, Console, NodeNamespace, TamperProxy
+from tests.installer.installer_lib import PREFIX, Console, NodeNamespace, TamperProxy, node_target
 from tests.integration.conftest import free_port
 
 NETNS_PROBLEM = netns_problem()
@@ -50,6 +50,13 @@ def agent_package():
         return current_packages(layout)[0]
     except PackageUnavailable as exc:
         pytest.fail(f"the agent package cannot be built, so the installer cannot be tested: {exc}")
+
+
+@pytest.fixture(scope="session")
+def node_package(agent_package):
+    """The package the installer downloads on this machine: its clock-sync variant, or the base."""
+    target = node_target()
+    return next((p for p in current_packages(Layout.default())[1:] if p.target == target), agent_package)
 
 
 @pytest.fixture
