@@ -265,8 +265,10 @@ class ClockProber:
             (peer.mine if which == "mine" else peer.theirs).pop(key, None)
 
     def _stamp(self, ancdata) -> int | None:
+        # One clock domain per socket: in hardware mode a packet without a NIC stamp is dropped
+        # rather than mixed in with a system-clock stamp.
         sw, hw = _timestamp(ancdata)
-        raw = hw if (self.mode == "hardware" and hw is not None) else sw
+        raw = hw if self.mode == "hardware" else sw
         return None if raw is None else self.source.transform(raw)
 
     def _drain_errqueue(self) -> None:
