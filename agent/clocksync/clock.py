@@ -87,6 +87,23 @@ class ClockSource:
 
 
 @dataclass(frozen=True)
+class ClusterTimeReading:
+    """What :meth:`ClusterClock.cluster_time` answers where the spine's ``agent.clusterclock`` is absent."""
+
+    cluster_time_ns: int
+    offset_ns: float
+    drift_ppm: float
+    sigma_ns: float | None
+    synced: bool
+
+
+try:  # the spine's local socket serves the provider given to agent.clusterclock.ClusterClock.provide
+    from agent.clusterclock import ClusterTime as _ClusterTime  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the branch
+    _ClusterTime = ClusterTimeReading
+
+
+@dataclass(frozen=True)
 class ClockState:
     """This node's clock against the reference: local − reference = offset + drift·(t − t_ref)."""
 
@@ -154,6 +171,12 @@ class ClusterClock:
         return {"cluster_time_ns": self.to_cluster(local), "offset_ns": self.offset_at(local),
                 "drift_ppm": s.drift_ppm if s else 0.0, "sigma_ns": s.sigma_ns if s else None,
                 "synced": self.synced(local)}
+
+    def cluster_time(self):
+        """The provider interface of the agent's local socket (``agent.clusterclock``): fast, never raises."""
+        reading = self.now()
+        return _ClusterTime(int(reading["cluster_time_ns"]), float(reading["offset_ns"]), float(reading["drift_ppm"]),
+                            reading["sigma_ns"], bool(reading["synced"]))
 
     def one_way_delay_ns(self, tx_cluster_ns: int, rx_local_ns: int, tx_sigma_ns: float = 0.0) -> tuple[int, float]:
         """(delay, its σ) of a packet the sender stamped in cluster time and this node received.

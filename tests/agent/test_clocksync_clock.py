@@ -61,6 +61,14 @@ def test_the_cluster_clock_applies_the_published_offset_and_drift():
     assert abs(reply["cluster_time_ns"] - (time.time_ns() - reply["offset_ns"])) < 50_000_000
 
 
+def test_cluster_time_is_the_local_sockets_provider_reading():
+    clock = ClusterClock(ClockSource(), stale_after_s=30)
+    clock.update(offset_ns=1000.0, drift_ppm=0.0, sigma_ns=20.0, t_ref_ns=time.time_ns())
+    reading = clock.cluster_time()
+    assert reading.synced is True and reading.offset_ns == 1000.0 and reading.sigma_ns == 20.0
+    assert abs(reading.cluster_time_ns + 1000 - time.time_ns()) < 50_000_000
+
+
 def test_the_reference_node_is_synced_with_zero_offset():
     clock = ClusterClock(ClockSource(), is_reference=True)
     assert clock.synced()
