@@ -8,6 +8,13 @@ The package ``lockstep-agent-<version>.tar.gz`` holds, under ``lockstep-agent-<v
   pip that installs them on the node, all pure-Python wheels;
 - ``SHA256SUMS``: the sum of every wheel.
 
+That base package runs anywhere (Python >= 3.10, any CPU). Clock sync needs numpy and scipy
+(``requirements/agent-native.txt``), whose wheels are per Python and CPU, so for each target of
+:data:`NATIVE_TARGETS` there is also ``lockstep-agent-<version>-<cpXY>-<arch>.tar.gz``: the base
+package plus that target's manylinux wheels (about 50 MB rather than 300 MB for all of them).
+``/install.sh`` carries the file name and sha256 of every variant and picks the one for the
+node's Python and CPU, or the base package (the agent without clock sync) when there is none.
+
 The same inputs always give the same bytes (fixed timestamps, owners, modes and order), so the
 same sha256. Dependency wheels are fetched once, at console set-up, with ``pip download``
 (:func:`download_wheels`, ``manage.py build_agent_package --download``) into the wheels
@@ -43,6 +50,11 @@ TAR_MTIME = 315532800  # 1980-01-01, as in the wheels
 # The pins are for a node's Python, not the console's: pure-Python wheels for any Linux node.
 DOWNLOAD_TARGET = ["--only-binary=:all:", "--platform", "any", "--implementation", "py", "--abi", "none",
                    "--python-version", "3.10"]
+# (CPython tag, machine) of the nodes that get clock sync (numpy/scipy wheels). numpy 2.4 and
+# scipy 1.17 need Python >= 3.11; a 3.10 node (or one not listed) gets the base package.
+NATIVE_TARGETS = tuple((py, arch) for py in ("cp311", "cp312", "cp313") for arch in ("x86_64", "aarch64"))
+# glibc 2.28 (RHEL 8, Debian 10, Ubuntu 18.10) and newer; numpy publishes manylinux_2_27/2_28 wheels.
+NATIVE_PLATFORMS = ("manylinux_2_28_{arch}", "manylinux_2_17_{arch}", "manylinux2014_{arch}")
 
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([A-Za-z0-9.+!_-]+)$")
 
@@ -58,6 +70,7 @@ class Package:
     path: Path
     sha256: str
     size: int
+    target: str | None = None  # "cp311-x86_64" for a variant with native wheels, None for the base
 
     @property
     def sha256_line(self) -> str:
@@ -72,6 +85,7 @@ class Layout:
     requirements: Path
     wheels_dir: Path
     out_dir: Path
+    native_requirements: Path | None = None  # numpy/scipy pins for the per-target variants
 
     @classmethod
     def default(cls) -> Layout:
@@ -82,7 +96,8 @@ class Layout:
         base = Path(settings.BASE_DIR)
         dist = Path(settings.VAR_DIR) / "agentdist"
         wheels = env_str("LOCKSTEP_AGENT_WHEELS_DIR", "") or str(dist / "wheels")
-        return cls(base / "agent", base / "requirements" / "agent-bundle.txt", Path(wheels), dist / "packages")
+        return cls(base / "agent", base / "requirements" / "agent-bundle.txt", Path(wheels), dist / "packages",
+                   base / "requirements" / "agent-native.txt")
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -150,8 +165,13 @@ def _project_metadata(agent_dir: Path) -> dict:
 
     deps_match = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
     deps = re.findall(r'"([^"]+)"', deps_match.group(1)) if deps_match else []
+    extras: dict[str, list[str]] = {}
+    table = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    if table:
+        for name, body in re.findall(r"^([A-Za-z0-9_-]+)\s*=\s*\[(.*?)\]", table.group(1), re.M | re.S):
+            extras[name] = re.findall(r'"([^"]+)"', body)
     return {"summary": field("description", "Lockstep node agent"),
-            "requires_python": field("requires-python", ">=3.10"), "dependencies": deps}
+            "requires_python": field("requires-python", ">=3.10"), "dependencies": deps, "extras": extras}
 
 
 def _record_hash(data: bytes) -> str:
@@ -170,6 +190,8 @@ def build_wheel(agent_dir: Path) -> tuple[str, bytes]:
         f"Summary: {meta['summary']}",
         f"Requires-Python: {meta['requires_python']}",
         *(f"Requires-Dist: {dep}" for dep in meta["dependencies"]),
+        *(line for extra, deps in sorted(meta["extras"].items())
+          for line in [f"Provides-Extra: {extra}", *(f'Requires-Dist: {dep}; extra == "{extra}"' for dep in deps)]),
     ]
     files = agent_sources(agent_dir) + [
         (f"{dist_info}/METADATA", ("\n".join(metadata) + "\n").encode()),
@@ -218,6 +240,45 @@ def dependency_wheels(layout: Layout) -> list[Path]:
     return [found[key] for key in sorted(found)]
 
 
+def target_name(target: tuple[str, str]) -> str:
+    return f"{target[0]}-{target[1]}"
+
+
+def native_pins(layout: Layout) -> dict[str, tuple[str, str]]:
+    if layout.native_requirements is None or not layout.native_requirements.is_file():
+        return {}
+    return read_pins(layout.native_requirements)
+
+
+def native_wheels(layout: Layout) -> dict[str, list[Path]]:
+    """``{"cp311-x86_64": [numpy wheel, scipy wheel], ...}``; raises when one is missing."""
+    pins = native_pins(layout)
+    if not pins:
+        return {}
+    out: dict[str, list[Path]] = {}
+    missing = []
+    candidates = sorted(layout.wheels_dir.glob("*.whl")) if layout.wheels_dir.is_dir() else []
+    for target in NATIVE_TARGETS:
+        py, arch = target
+        chosen = []
+        for key, (name, version) in sorted(pins.items()):
+            match = next((p for p in candidates if wheel_name_version(p.name) == (key, version)
+                          and f"-{py}-{py}-" in p.name and "manylinux" in p.name and p.name.endswith(f"_{arch}.whl")),
+                         None)
+            if match is None:
+                missing.append(f"{name}=={version} ({py}, {arch})")
+            else:
+                chosen.append(match)
+        out[target_name(target)] = chosen
+    if missing:
+        raise PackageUnavailable(
+            f"the agent package cannot be built: no wheel in {layout.wheels_dir} for {', '.join(missing)}. "
+            "Run `python manage.py build_agent_package --download` on the console once (it needs access to "
+            "PyPI or a mirror), or copy those manylinux wheels there (LOCKSTEP_AGENT_WHEELS_DIR)."
+        )
+    return out
+
+
 def download_wheels(layout: Layout) -> list[Path]:
     """``pip download`` the pinned wheels (set-up time only; the one step that uses the network)."""
     layout.wheels_dir.mkdir(parents=True, exist_ok=True)
@@ -231,6 +292,22 @@ def download_wheels(layout: Layout) -> list[Path]:
             f"pip download of the agent's dependencies failed (exit {result.returncode}): "
             f"{result.stderr.strip()[-2000:]}"
         )
+    if native_pins(layout):
+        for py, arch in NATIVE_TARGETS:
+            platforms = [arg for plat in NATIVE_PLATFORMS for arg in ("--platform", plat.format(arch=arch))]
+            result = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                 "--only-binary=:all:", *platforms, "--implementation", "cp", "--abi", py,
+                 "--python-version", f"{py[2]}.{py[3:]}", "-d", str(layout.wheels_dir),
+                 "-r", str(layout.native_requirements)],
+                capture_output=True, text=True, check=False,
+            )
+            if result.returncode != 0:
+                raise PackageUnavailable(
+                    f"pip download of the clock-sync wheels for {py} {arch} failed (exit {result.returncode}): "
+                    f"{result.stderr.strip()[-2000:]}"
+                )
+    native_wheels(layout)
     return dependency_wheels(layout)
 
 
@@ -241,11 +318,16 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def input_digest(layout: Layout) -> tuple[str, str, list[Path]]:
+def input_digest(layout: Layout, target: str | None = None) -> tuple[str, str, list[Path]]:
     """(digest of everything the package is made of, agent version, dependency wheels)."""
     version = agent_version(layout.agent_dir)
     wheels = dependency_wheels(layout)
-    digest = hashlib.sha256(f"format={BUILDER_FORMAT}\nversion={version}\n".encode())
+    if target is not None:
+        natives = native_wheels(layout)
+        if target not in natives:
+            raise PackageUnavailable(f"no clock-sync build for {target!r}: the targets are {', '.join(natives)}")
+        wheels = wheels + natives[target]
+    digest = hashlib.sha256(f"format={BUILDER_FORMAT}\nversion={version}\ntarget={target}\n".encode())
     for name, data in agent_sources(layout.agent_dir):
         digest.update(f"src {name} {_sha256(data)}\n".encode())
     digest.update(f"pyproject {_sha256((layout.agent_dir / 'pyproject.toml').read_bytes())}\n".encode())
@@ -254,9 +336,13 @@ def input_digest(layout: Layout) -> tuple[str, str, list[Path]]:
     return digest.hexdigest(), version, wheels
 
 
-def build_package(layout: Layout) -> bytes:
+def package_filename(version: str, target: str | None = None) -> str:
+    return f"{PACKAGE_NAME}-{version}.tar.gz" if target is None else f"{PACKAGE_NAME}-{version}-{target}.tar.gz"
+
+
+def build_package(layout: Layout, target: str | None = None) -> bytes:
     """The package's bytes (deterministic)."""
-    _, version, wheels = input_digest(layout)
+    _, version, wheels = input_digest(layout, target)
     agent_name, agent_wheel = build_wheel(layout.agent_dir)
     members = [(agent_name, agent_wheel)] + [(p.name, p.read_bytes()) for p in wheels]
     members.sort()
@@ -301,9 +387,13 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _cached(layout: Layout, key: str) -> Package | None:
+def _build_info(layout: Layout, target: str | None) -> Path:
+    return layout.out_dir / ("build.json" if target is None else f"build-{target}.json")
+
+
+def _cached(layout: Layout, key: str, target: str | None = None) -> Package | None:
     try:
-        info = json.loads((layout.out_dir / "build.json").read_text())
+        info = json.loads(_build_info(layout, target).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(info, dict) or info.get("key") != key:
@@ -313,28 +403,49 @@ def _cached(layout: Layout, key: str) -> Package | None:
         size = path.stat().st_size
     except OSError:
         return None
-    return Package(info["version"], info["filename"], path, info["sha256"], size)
+    return Package(info["version"], info["filename"], path, info["sha256"], size, target)
 
 
-def current_package(layout: Layout | None = None, force: bool = False) -> Package:
-    """The package for the current inputs: the cached build, or a new one (no network)."""
+def current_package(layout: Layout | None = None, force: bool = False, target: str | None = None) -> Package:
+    """The package for the current inputs: the cached build, or a new one (no network).
+
+    ``target`` (``"cp311-x86_64"``) asks for that variant with the clock-sync wheels.
+    """
     layout = layout or Layout.default()
-    key, version, _ = input_digest(layout)
-    if not force and (package := _cached(layout, key)) is not None:
+    key, version, _ = input_digest(layout, target)
+    if not force and (package := _cached(layout, key, target)) is not None:
         return package
     layout.out_dir.mkdir(parents=True, exist_ok=True)
     with open(layout.out_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several console processes: one builds, the others wait
-        if not force and (package := _cached(layout, key)) is not None:
+        if not force and (package := _cached(layout, key, target)) is not None:
             return package
-        data = build_package(layout)
-        filename = f"{PACKAGE_NAME}-{version}.tar.gz"
+        data = build_package(layout, target)
+        filename = package_filename(version, target)
         sha = _sha256(data)
         _atomic_write(layout.out_dir / filename, data)
         _atomic_write(layout.out_dir / f"{filename}.sha256", f"{sha}  {filename}\n".encode())
         info = {"key": key, "version": version, "filename": filename, "sha256": sha}
-        _atomic_write(layout.out_dir / "build.json", json.dumps(info, indent=1, sort_keys=True).encode())
+        _atomic_write(_build_info(layout, target), json.dumps(info, indent=1, sort_keys=True).encode())
+        current = {filename}
+        for other in [None, *native_wheels(layout)]:
+            if other != target and (cached := _cached_info(layout, other)) is not None:
+                current.add(cached)
         for stale in layout.out_dir.glob(f"{PACKAGE_NAME}-*.tar.gz*"):
-            if stale.name not in (filename, f"{filename}.sha256"):
+            if stale.name.removesuffix(".sha256") not in current:
                 stale.unlink(missing_ok=True)
-    return Package(version, filename, layout.out_dir / filename, sha, len(data))
+    return Package(version, filename, layout.out_dir / filename, sha, len(data), target)
+
+
+def _cached_info(layout: Layout, target: str | None) -> str | None:
+    try:
+        return str(json.loads(_build_info(layout, target).read_text())["filename"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def current_packages(layout: Layout | None = None, force: bool = False) -> list[Package]:
+    """The base package and every clock-sync variant, built when their inputs changed."""
+    layout = layout or Layout.default()
+    base = current_package(layout, force)
+    return [base, *(current_package(layout, force, target) for target in native_wheels(layout))]

@@ -2,7 +2,8 @@
 
 The template gets the console's URL, the agent version and the package's file name and
 sha256 (the installer checks what it downloads against this sha256, so the expected sum comes
-from the script, not from the download), plus the supervisor script and the systemd unit from
+from the script, not from the download), the same for every clock-sync variant (one line each:
+``<target> <file> <sha256>``, the node picks its own), plus the supervisor script and the systemd unit from
 ``agent/install/`` and its own ``--help`` text (the header's Options and Exit codes).
 """
 
@@ -35,7 +36,8 @@ def usage_text(template: str) -> str:
     return "Lockstep agent installer\n\n" + text
 
 
-def render_install_script(console_url: str, package: Package, install_dir: Path = INSTALL_DIR) -> str:
+def render_install_script(console_url: str, package: Package, install_dir: Path = INSTALL_DIR,
+                          variants: list[Package] = ()) -> str:
     template = (install_dir / "install.sh.in").read_text()
     supervisor = (install_dir / "supervise.sh").read_text().rstrip("\n")
     unit = (install_dir / "lockstep-agent.service").read_text().rstrip("\n")
@@ -48,6 +50,8 @@ def render_install_script(console_url: str, package: Package, install_dir: Path 
         "__LOCKSTEP_AGENT_VERSION__": package.version,
         "__LOCKSTEP_PACKAGE_FILE__": package.filename,
         "__LOCKSTEP_PACKAGE_SHA256__": package.sha256,
+        "__LOCKSTEP_NATIVE_PACKAGES__": "\n".join(f"{v.target} {v.filename} {v.sha256}" for v in variants
+                                                    if v.target and re.fullmatch(r"[a-z0-9_-]+", v.target)),
         "__LOCKSTEP_SUPERVISOR__": supervisor,
         "__LOCKSTEP_UNIT__": unit,
         "__LOCKSTEP_USAGE__": usage,

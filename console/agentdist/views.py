@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseNotFound
 from django.views.decorators.http import require_safe
 
-from console.agentdist.build import PackageUnavailable, current_package
+from console.agentdist.build import PackageUnavailable, current_packages
 from console.agentdist.installer import failing_script, render_install_script
 from console.fleet.install_command import console_url
 
@@ -22,7 +22,7 @@ def _unavailable(exc: PackageUnavailable) -> HttpResponse:
 @require_safe
 def install_script(request):
     try:
-        package = current_package()
+        package, *variants = current_packages()
     except PackageUnavailable as exc:
         # 200 on purpose: `curl -fsSL .../install.sh | sudo sh` then shows the operator why,
         # with the installer's exit code for "the console cannot serve the package".
@@ -31,7 +31,7 @@ def install_script(request):
         response["X-Lockstep-Error"] = "agent-package-unavailable"
     else:
         try:
-            body = render_install_script(console_url(request), package)
+            body = render_install_script(console_url(request), package, variants=variants)
         except ValueError as exc:
             return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain; charset=utf-8")
         response = HttpResponse(body, content_type="text/x-shellscript; charset=utf-8")
@@ -44,9 +44,10 @@ def install_script(request):
 @require_safe
 def agent_package(request, filename: str):
     try:
-        package = current_package()
+        packages = current_packages()
     except PackageUnavailable as exc:
         return _unavailable(exc)
+    package = next((p for p in packages if filename in (p.filename, f"{p.filename}.sha256")), packages[0])
     if filename == package.filename:
         response = HttpResponse(package.path.read_bytes(), content_type="application/gzip")
         response["Content-Disposition"] = f'attachment; filename="{package.filename}"'

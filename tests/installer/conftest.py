@@ -18,10 +18,10 @@ import shutil
 
 import pytest
 
-from console.agentdist.build import Layout, PackageUnavailable, current_package, download_wheels
+from console.agentdist.build import Layout, PackageUnavailable, current_packages, download_wheels
 from testbed import netns_problem
 from tests.conftest import World
-from tests.installer.installer_lib import PREFIX, Console, NodeNamespace, TamperProxy
+from tests.installer.installer_lib import PREFIX, Console, NodeNamespace, TamperProxy, node_target
 from tests.integration.conftest import free_port
 
 NETNS_PROBLEM = netns_problem()
@@ -42,14 +42,21 @@ def pytest_collection_modifyitems(config, items):
 def agent_package():
     layout = Layout.default()
     try:
-        return current_package(layout)
+        return current_packages(layout)[0]
     except PackageUnavailable:
         pass
     try:
         download_wheels(layout)
-        return current_package(layout)
+        return current_packages(layout)[0]
     except PackageUnavailable as exc:
         pytest.fail(f"the agent package cannot be built, so the installer cannot be tested: {exc}")
+
+
+@pytest.fixture(scope="session")
+def node_package(agent_package):
+    """The package the installer downloads on this machine: its clock-sync variant, or the base."""
+    target = node_target()
+    return next((p for p in current_packages(Layout.default())[1:] if p.target == target), agent_package)
 
 
 @pytest.fixture

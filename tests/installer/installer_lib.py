@@ -45,6 +45,15 @@ def python_args() -> list[str]:
     return ["--python", base]
 
 
+def node_target() -> str:
+    """The clock-sync target (``cp311-x86_64``) of the Python the installer will pick here."""
+    args = python_args()
+    python = args[1] if args else "python3"
+    tag = subprocess.run([python, "-c", 'import sys; print("cp%d%d" % sys.version_info[:2])'],
+                         env={"PATH": CLEAN_PATH}, capture_output=True, text=True, check=True).stdout.strip()
+    return f"{tag}-{os.uname().machine}"
+
+
 @dataclass
 class Result:
     rc: int

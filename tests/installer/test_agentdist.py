@@ -17,11 +17,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from console.agentdist.build import (
+    NATIVE_TARGETS,
     Layout,
     PackageUnavailable,
     build_package,
     build_wheel,
     current_package,
+    current_packages,
     normalize,
     read_pins,
 )
@@ -95,7 +97,9 @@ def test_the_agent_wheel_is_a_valid_wheel_of_the_agent_only(layout):
     meta = files["lockstep_agent-0.1.0.dist-info/METADATA"].decode()
     pyproject = (layout.agent_dir / "pyproject.toml").read_text()
     deps = re.findall(r'"([^"]+)"', re.search(r"^dependencies = \[(.*?)\]", pyproject, re.M | re.S).group(1))
-    assert re.findall(r"^Requires-Dist: (.+)$", meta, re.M) == deps
+    assert [d for d in re.findall(r"^Requires-Dist: (.+)$", meta, re.M) if "extra ==" not in d] == deps
+    assert "Provides-Extra: clocksync" in meta
+    assert 'Requires-Dist: numpy==2.4.6; extra == "clocksync"' in meta
     assert "Requires-Python: >=3.10" in meta and "Name: lockstep-agent" in meta
     assert files["lockstep_agent-0.1.0.dist-info/entry_points.txt"] == b"[console_scripts]\nlockstep-agent = agent.cli:main\n"
     for line in files["lockstep_agent-0.1.0.dist-info/RECORD"].decode().splitlines():
@@ -104,6 +108,31 @@ def test_the_agent_wheel_is_a_valid_wheel_of_the_agent_only(layout):
             continue
         expected = base64.urlsafe_b64encode(hashlib.sha256(files[path]).digest()).rstrip(b"=").decode()
         assert (digest, int(size)) == (f"sha256={expected}", len(files[path]))
+
+
+def test_every_clock_sync_variant_is_the_base_package_plus_its_targets_wheels(agent_package):
+    packages = current_packages(Layout.default())
+    base, variants = packages[0], packages[1:]
+    assert base == agent_package and base.target is None
+    assert {v.target for v in variants} == {f"{py}-{arch}" for py, arch in NATIVE_TARGETS}
+    base_wheels = {n.rsplit("/", 1)[1] for n in members(base.path.read_bytes()) if n.endswith(".whl")}
+    native = read_pins(repo_file("requirements", "agent-native.txt"))
+    for variant in variants:
+        assert variant.filename == f"lockstep-agent-{base.version}-{variant.target}.tar.gz"
+        wheels = {n.rsplit("/", 1)[1] for n in members(variant.path.read_bytes()) if n.endswith(".whl")}
+        extra = wheels - base_wheels
+        assert base_wheels <= wheels and {normalize(w.split("-")[0]) for w in extra} == set(native)
+        py, arch = variant.target.split("-")
+        assert all(f"-{py}-{py}-" in w and w.endswith(f"_{arch}.whl") and "manylinux" in w for w in extra)
+        assert hashlib.sha256(variant.path.read_bytes()).hexdigest() == variant.sha256
+
+
+def test_the_clock_sync_pins_are_the_consoles():
+    native = read_pins(repo_file("requirements", "agent-native.txt"))
+    console = read_pins(repo_file("requirements", "console.txt"))
+    assert native and all(console[name] == pin for name, pin in native.items())
+    pyproject = repo_file("agent", "pyproject.toml").read_text()
+    assert all(f'"{name}=={version}"' in pyproject for name, version in native.values())
 
 
 def test_the_bundle_pins_every_runtime_dependency_of_the_agent():
@@ -140,6 +169,9 @@ def test_install_sh_is_rendered_with_the_console_url_version_and_checksum(client
     for line in ("CONSOLE_URL='http://testserver'", f"AGENT_VERSION='{agent_package.version}'",
                  f"PACKAGE_FILE='{agent_package.filename}'", f"PACKAGE_SHA256='{agent_package.sha256}'"):
         assert line in script
+    for variant in current_packages()[1:]:
+        assert f"{variant.target} {variant.filename} {variant.sha256}" in script
+        assert client.get(f"/agent/{variant.filename}.sha256").content.decode() == variant.sha256_line
     assert "__LOCKSTEP_" not in script
     assert (repo_file("agent", "install", "supervise.sh").read_text().rstrip("\n") in script)
     settings.PUBLIC_URL = "https://console.example/lockstep"

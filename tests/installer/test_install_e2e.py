@@ -8,6 +8,7 @@ agent runs under the installer's supervisor (no systemd here), inside the namesp
 from __future__ import annotations
 
 import shlex
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -98,6 +99,11 @@ def test_install_enrolls_the_node_rerun_changes_nothing_and_uninstall_removes_ev
 
     supervisor, agent = pid_of(install_root / "run/lockstep/supervisor.pid"), pid_of(install_root / "run/lockstep/agent.pid")
     assert alive(supervisor) and alive(agent)
+    # This node's Python and CPU have a clock-sync build: numpy and scipy came with it, offline.
+    venv_python = install_root / "opt/lockstep/venv/bin/python"
+    estimator = subprocess.run([str(venv_python), "-m", "agent.clocksync.estimate", "--help"], capture_output=True,
+                               text=True, check=False, env={"PATH": "/usr/bin:/bin"})
+    assert estimator.returncode == 0, estimator.stderr
     assert set(node_ns.pids()) == {supervisor, agent}
     before = snapshot(install_root)
 
@@ -177,15 +183,15 @@ def test_an_unreachable_console_exits_20_and_leaves_the_node_as_it_was(world, ns
 
 
 def test_a_tampered_package_exits_22_and_leaves_the_node_as_it_was(
-    world, ns_console, node_ns, install_root, tamper_proxy, agent_package
+    world, ns_console, node_ns, install_root, tamper_proxy, node_package
 ):
     _, token, _ = enrollment(world, ns_console)
     # The script comes from the console; the package (and a matching .sha256) from the proxy.
     result = node_ns.sh(installer(ns_console, "--token", token, "--console", tamper_proxy.url,
                                   "--root", str(install_root)))
     assert result.rc == 22, result
-    assert f"checksum mismatch: {agent_package.filename}" in result.err, result
-    assert f"this installer expects {agent_package.sha256}" in result.err
+    assert f"checksum mismatch: {node_package.filename}" in result.err, result
+    assert f"this installer expects {node_package.sha256}" in result.err
     assert any(p.endswith(".tar.gz") for p in tamper_proxy.served), tamper_proxy.served
     assert_untouched(node_ns, install_root, result)
     assert EnrollmentToken.objects.get().uses == 0

@@ -1,0 +1,1 @@
+"""Synthetic clock-sync inputs with known truth: probe traces and estimate graphs."""
