@@ -1,8 +1,16 @@
-"""The base of every tenant-facing API view: scoping cannot be forgotten or overridden.
+"""The base of every tenant-facing API view: it enters the caller's tenant scope, in one place.
 
-Subclasses set `model` and may narrow the queryset in `scoped_queryset()`; they cannot
-override `get_queryset`. Writes run in a transaction and re-check the organization of what was
-written, so nothing can be created or moved into an organization the caller cannot write.
+`initial()` (after authentication) makes the caller's organizations the active tenant scope
+(`console.core.scoping`); `dispatch()` starts closed and resets whatever was active before when
+the response is rendered. So every query the view runs — its queryset, `get_object()`, DRF
+related fields, django-filter choices (`?cluster=<id>`), serializer validation — sees the
+caller's organizations only, by the same mechanism: another tenant's id is "not found" exactly
+like an id that does not exist.
+
+Subclasses set `model` and may narrow the queryset in `scoped_queryset()`; they cannot override
+`get_queryset`, `initial` or `dispatch`. Writes run in a transaction and re-check the
+organization of what was written, so nothing can be created or moved into an organization the
+caller cannot write.
 """
 
 from __future__ import annotations
@@ -11,15 +19,15 @@ from django.db import transaction
 from rest_framework import exceptions, viewsets
 
 from api.permissions import HasWriteRole
+from console.core import scoping
 from console.tenancy.models import Role
 from console.tenancy.scope import Scope
 
-_FINAL = ("get_queryset", "initial")
+_FINAL = ("get_queryset", "initial", "dispatch")
 
 
 class ScopedViewSetMixin:
     model = None
-    scope_field = "organization_id"
     write_role = Role.OPERATOR
     permission_classes = [HasWriteRole]
 
@@ -41,12 +49,27 @@ class ScopedViewSetMixin:
             raise TypeError(f"{type(self).__name__} sets no model")
         if getattr(self, "swagger_fake_view", False):  # schema generation: no request, no rows
             return self.model.objects.none()
-        return self.scoped_queryset(self.scope.filter(self.model.objects.all(), field=self.scope_field))
+        return self.scoped_queryset(self.model.objects.all())
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        # Computed once, after authentication, so every later check sees the same scope.
-        Scope.for_request(request)
+        # After authentication: the caller is known, and so are its organizations.
+        scoping.enter(scoping.ActiveScope(frozenset(Scope.for_request(request).roles)))
+
+    def dispatch(self, request, *args, **kwargs):
+        token = scoping.enter(None)
+        try:
+            response = super().dispatch(request, *args, **kwargs)
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()  # still in the caller's scope: the browsable API lists related choices
+            return response
+        finally:
+            scoping.reset(token)
+
+    def refresh_scope(self) -> None:
+        """Re-read the caller's organizations (after this request made them one more)."""
+        self.request._lockstep_scope = None
+        scoping.enter(scoping.ActiveScope(frozenset(Scope.for_request(self.request).roles)))
 
     def require_role(self, organization_id: int, role: str | None = None) -> None:
         """404 when the organization is invisible to the caller, 403 when the role is too low."""

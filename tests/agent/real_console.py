@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from console.commands import wakeup
 from console.commands.models import Command, CommandState
-from console.fleet import lifecycle
+from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Node, NodeCredential
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
 from console.tenancy.models import Organization
@@ -104,7 +104,7 @@ class RealConsole:
         NodeCredential.objects.filter(node_id=node_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
     def retire(self, node_id: int) -> None:
-        lifecycle.retire(Node.objects.get(pk=node_id))
+        fleet_services.retire(Node.objects.get(pk=node_id))
 
     def node(self, node_id: int) -> Node:
         return Node.objects.get(pk=node_id)

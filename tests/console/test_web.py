@@ -11,8 +11,8 @@ import re
 import pytest
 from django.test import Client
 
-from console.fleet.lifecycle import mark_seen
 from console.fleet.models import Cluster, EnrollmentToken, Link, Node, NodeState
+from console.fleet.services import mark_seen
 from console.tenancy.models import Membership, Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY
 from console.web import maps
@@ -279,7 +279,7 @@ def test_a_fabric_above_the_threshold_is_drawn_aggregated(world, fleets, monkeyp
 def test_the_9216_gpu_fabric_page_stays_small(world):
     """The real large fabric (23,616 cables): an aggregated page of bounded size, and a
     status JSON summarized per bundle instead of 33k rows."""
-    from console.fleet.topology_io import import_topology
+    from console.fleet.services import import_topology
     from testbed.simulate.topology import PRESETS, generate_topology
 
     cluster = Cluster.objects.create(organization=world.acme, name="big")
