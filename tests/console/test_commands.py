@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from console.commands import services as command_services
 from console.commands.models import Command, CommandState
+from console.core import scoping
 from tests.conftest import needs_postgres
 from tests.factories import make_fleet
 
@@ -155,11 +156,12 @@ def test_two_concurrent_pollers_on_postgresql_never_receive_the_same_command(wor
     received: list[list] = [[], []]
     barrier = threading.Barrier(2)
 
-    def poller(slot: int) -> None:
+    def poller(slot: int) -> None:  # a thread of its own starts with no tenant scope, like a poll
         try:
             barrier.wait()
             while True:
-                claimed = command_services.claim(fleet.node.pk, 3)
+                with scoping.for_organization(fleet.node.organization_id):
+                    claimed = command_services.claim(fleet.node.pk, 3)
                 if not claimed:
                     return
                 received[slot].extend(c.pk for c in claimed)
