@@ -61,6 +61,7 @@ def agent_endpoint(*methods: str):
                 return error_response(exc)
 
         wrapper.csrf_exempt = True
+        wrapper.http_methods = methods  # what the route-coverage test reads
         return wrapper
 
     return decorate
