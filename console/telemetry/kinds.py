@@ -130,10 +130,12 @@ def register(kind: TelemetryKind) -> TelemetryKind:
 
 
 def handler(name: str) -> Callable[[Handler], Handler]:
-    """Decorator: run `fn(stored)` after each batch holding records of kind `name` is stored."""
+    """Decorator: run `fn(stored)` after each batch holding records of kind `name` is stored.
+    The kind must be registered first (UnknownKind otherwise)."""
+    get(name)
 
     def attach(fn: Handler) -> Handler:
-        kind = get(name)
+        kind = get(name)  # the registration in force now (a stricter one may have replaced it)
         if fn not in kind.handlers:
             kind.handlers.append(fn)
         return fn
