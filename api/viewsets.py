@@ -8,14 +8,14 @@ caller's organizations only, by the same mechanism: another tenant's id is "not 
 like an id that does not exist.
 
 Subclasses set `model` and may narrow the queryset in `scoped_queryset()`; they cannot override
-`get_queryset`, `initial` or `dispatch`. Writes run in a transaction and re-check the
-organization of what was written, so nothing can be created or moved into an organization the
-caller cannot write.
+`get_queryset`, `initial` or `dispatch`. They write only through the app's service module
+(`perform_create`/`perform_update`/`perform_destroy` call it after `require_role()`; the
+defaults refuse), and the tenant scope itself refuses a write into an organization the caller
+cannot see.
 """
 
 from __future__ import annotations
 
-from django.db import transaction
 from rest_framework import exceptions, viewsets
 
 from api.permissions import HasWriteRole
@@ -81,15 +81,16 @@ class ScopedViewSetMixin:
                 f"This needs the {role} role in this organization (yours: {self.scope.role_in(organization_id)})."
             )
 
+    # Writes go through the app's service module (console/<app>/services.py), the one writer of its
+    # domain: a viewset that writes says which service function it calls.
     def perform_create(self, serializer):
-        with transaction.atomic():
-            instance = serializer.save()
-            self.require_role(instance.organization_id)
+        raise NotImplementedError(f"{type(self).__name__}: create through the app's services module")
 
     def perform_update(self, serializer):
-        with transaction.atomic():
-            instance = serializer.save()
-            self.require_role(instance.organization_id)
+        raise NotImplementedError(f"{type(self).__name__}: update through the app's services module")
+
+    def perform_destroy(self, instance):
+        raise NotImplementedError(f"{type(self).__name__}: delete through the app's services module")
 
 
 class ScopedModelViewSet(ScopedViewSetMixin, viewsets.ModelViewSet):

@@ -371,3 +371,77 @@ def globex_token(fleet) -> str:
     from tests.factories import make_enrollment_token
 
     return make_enrollment_token(fleet.cluster)
+
+
+# --- the pages ------------------------------------------------------------------------------------
+
+# What each path parameter of a page names, as an Acme object.
+PAGE_OBJECTS = {
+    "pk": lambda acme: acme.fleet.cluster.pk,  # /clusters/<pk>/...
+    "token_pk": lambda acme: acme.fleet.enrollment_token.pk,
+}
+# Routes outside /api/v1/ that name no tenant object (their parameters, if any, are not tenant
+# objects), and what keeps them tenant-safe.
+PAGES_WITHOUT_OBJECTS = {
+    "home": "redirects to the clusters page",
+    "healthz": "answers 'ok', no data",
+    "login": "the sign-in form",
+    "logout": "signs out",
+    "switch-organization": "a foreign or bogus organization answers 404 (test_web)",
+    "clusters": "lists the active organization's clusters only (test_web)",
+    "metrics": "a token or an allowed network only (test_metrics)",
+    "install-script": "public: the installer, no tenant data",
+    "agent-package": "public: the agent package and its checksum",
+}
+
+
+def _pages():
+    """(url name, path parameters) of every route outside /api/v1/ and the admin site."""
+    found = {}
+
+    def walk(patterns, prefix, namespace):
+        for entry in patterns:
+            route = prefix + str(entry.pattern)
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, route, entry.namespace or namespace)
+            elif not route.lstrip("^").startswith("api/v1/") and namespace != "admin":
+                found[entry.name] = tuple(getattr(entry.pattern, "converters", {}))
+
+    walk(get_resolver().url_patterns, "", None)
+    return found
+
+
+PAGES = {name: params for name, params in _pages().items() if params and name not in PAGES_WITHOUT_OBJECTS}
+
+
+def test_every_page_route_is_generated_here_or_says_why_it_is_safe():
+    pages = _pages()
+    unknown = {name for name, params in pages.items() if not params and name not in PAGES_WITHOUT_OBJECTS}
+    assert not unknown, f"pages that name no object and are not explained in PAGES_WITHOUT_OBJECTS: {unknown}"
+    assert not set(PAGES_WITHOUT_OBJECTS) - set(pages), "PAGES_WITHOUT_OBJECTS names pages that are gone"
+    strangers = {p for params in PAGES.values() for p in params} - set(PAGE_OBJECTS)
+    assert not strangers, f"page parameters this module cannot fill: {strangers} (add them to PAGE_OBJECTS)"
+
+
+def test_the_admin_site_shows_no_tenant_model():
+    from django.contrib import admin
+
+    assert not [m for m in admin.site._registry if issubclass(m, TenantOwned)]
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_an_outsider_gets_404_on_every_page_of_another_organization(acme, name):
+    from django.test import Client
+    from django.urls import reverse
+
+    url = reverse(name, kwargs={param: PAGE_OBJECTS[param](acme) for param in PAGES[name]})
+    outsider, owner = Client(), Client()
+    outsider.force_login(acme.world.users["charlie"])
+    owner.force_login(acme.world.users["alice"])
+    before = snapshot(acme.world.acme)
+    answers = {method: getattr(outsider, method)(url, {"description": "x"} if method == "post" else None).status_code
+               for method in ("get", "post")}
+    assert set(answers.values()) <= {404, 405} and 404 in answers.values(), answers
+    assert snapshot(acme.world.acme) == before
+    reached = [_rolled_back(lambda m=method: getattr(owner, m)(url).status_code) for method in ("get", "post")]
+    assert any(status not in (404, 405) for status in reached), f"{url}: the owner reached it with neither method"
