@@ -8,13 +8,14 @@ from console.tenancy.scope import Scope
 
 class OrganizationSerializer(serializers.ModelSerializer):
     role = serializers.SerializerMethodField(help_text="Your role in this organization.")
+    # Names and slugs are unique across tenants: the service checks them (a scoped validator could not).
+    name = serializers.CharField(max_length=100)
     slug = serializers.SlugField(required=False, max_length=100)
 
     class Meta:
         model = Organization
         fields = ["id", "name", "slug", "role", "created", "updated"]
         read_only_fields = ["id", "role", "created", "updated"]
-        validators = []  # names and slugs are unique across tenants: the service checks them
 
     def get_role(self, obj) -> str | None:
         request = self.context.get("request")

@@ -206,6 +206,13 @@ class TenantOwned(models.Model):
     @classmethod
     def _parent_specs(cls) -> list[tuple[models.ForeignKey, tuple[str, ...]]]:
         """(foreign key, tenant columns it must agree on) for each parent, most specific first."""
+        cached = cls.__dict__.get("_tenant_specs")
+        if cached is None:
+            cached = cls._tenant_specs = cls._compute_parent_specs()
+        return cached
+
+    @classmethod
+    def _compute_parent_specs(cls) -> list[tuple[models.ForeignKey, tuple[str, ...]]]:
         specs = []
         own = set(cls._tenant_columns())
         for name in cls.tenant_parents:
@@ -218,6 +225,13 @@ class TenantOwned(models.Model):
     @classmethod
     def tenant_placement_fields(cls) -> set[str]:
         """Names (and attnames) of the columns that place a row: what update() may not change."""
+        cached = cls.__dict__.get("_tenant_placement")
+        if cached is None:
+            cached = cls._tenant_placement = frozenset(cls._compute_placement_fields())
+        return cached
+
+    @classmethod
+    def _compute_placement_fields(cls) -> set[str]:
         names = set(cls._tenant_columns())
         for field, _ in cls._parent_specs():
             names |= {field.name, field.attname}
@@ -344,8 +358,8 @@ class ClusterOwnedModel(OrganizationOwnedModel):
         abstract = True
 
     @classmethod
-    def _parent_specs(cls):
-        specs = super()._parent_specs()
+    def _compute_parent_specs(cls):
+        specs = super()._compute_parent_specs()
         if "cluster" not in cls.tenant_parents:
             field = cls._meta.get_field("cluster")
             specs.append((field, ("organization_id",)))

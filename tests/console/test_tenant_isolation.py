@@ -205,8 +205,9 @@ def _routes():
                 walk(entry.url_patterns, route)
             elif isinstance(entry, URLPattern) and route.lstrip("^").startswith("api/v1/"):
                 callback = entry.callback
-                if hasattr(callback, "actions"):  # a viewset (405 for what http_method_names leaves out)
-                    methods = {m for m in callback.actions if m in callback.cls.http_method_names}
+                if hasattr(callback, "actions"):  # a viewset (405 for what http_method_names leaves out;
+                    # DRF adds `head` for `get` on the first request: HEAD is GET without a body)
+                    methods = {m for m in callback.actions if m in callback.cls.http_method_names and m != "head"}
                 elif hasattr(callback, "view_class"):
                     methods = {m for m in callback.view_class.http_method_names
                                if m not in ("options", "head") and hasattr(callback.view_class, m)}
