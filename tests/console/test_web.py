@@ -217,6 +217,20 @@ def test_an_operator_creates_an_enrollment_token_and_sees_the_install_command_on
     assert token.prefix_display in later and match.group(1) not in later and "install-command" not in later
 
 
+def test_the_page_and_the_api_give_enrollment_tokens_the_same_default_lifetime(world, fleets):
+    from console.fleet.services import ENROLLMENT_TOKEN_TTL
+
+    cluster = fleets["acme"].cluster
+    form = page(world, "carol").get(f"/clusters/{cluster.pk}/").content.decode()
+    default_hours = re.search(r'name="expires_hours"[^>]*value="(\d+)"', form).group(1)
+    assert int(default_hours) * 3600 == ENROLLMENT_TOKEN_TTL.total_seconds()
+    by_page = page(world, "carol").post(f"/clusters/{cluster.pk}/", {"expires_hours": default_hours})
+    by_api = world.client("carol").post(f"/api/v1/clusters/{cluster.pk}/enrollment-tokens/", {}, format="json")
+    assert by_page.status_code == 201 and by_api.status_code == 201
+    for token in EnrollmentToken.objects.filter(cluster=cluster).order_by("-pk")[:2]:
+        assert abs((token.expires - token.created) - ENROLLMENT_TOKEN_TTL).total_seconds() < 60
+
+
 def test_bad_token_parameters_create_nothing(world, fleets):
     cluster = fleets["acme"].cluster
     before = EnrollmentToken.objects.count()
