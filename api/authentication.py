@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from console.core import scoping
 from console.tenancy.models import ApiToken
 
 
@@ -18,7 +19,10 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, plaintext = header.partition(" ")
         if scheme != self.keyword or not plaintext.startswith(f"{ApiToken.PREFIX}_"):
             return None  # not ours (e.g. a node credential on an API route): stay anonymous
-        token = ApiToken.lookup(plaintext.strip(), queryset=ApiToken.objects.select_related("user"))
+        with scoping.unscoped("find the API token a request presents"):
+            token = ApiToken.lookup(plaintext.strip(), queryset=ApiToken.objects.select_related("user"))
+            if token is not None and not token.is_revoked and not token.is_expired and token.user.is_active:
+                token.touch()
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid API token.")
         if token.is_revoked:
@@ -27,7 +31,6 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("This API token has expired.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("The user of this API token is inactive.")
-        token.touch()
         return token.user, token
 
     def authenticate_header(self, request) -> str:

@@ -1,16 +1,42 @@
-"""One error shape for the whole API: `{"error": code, "detail": sentence, "fields": {...}}`."""
+"""One error shape for the whole API, and the one translation into it.
+
+Every error answer of `/api/v1/` (the REST API and the agent endpoints) and of `/metrics` is
+
+    {"error": "<code>", "detail": "<a sentence>", "fields": {"<field>": "<what is wrong>"}}
+
+with `fields` present when particular fields are to blame (`records[3].ts`, `host.hostname`,
+`links[12].b`). Domain errors (`console.core.errors`) carry no HTTP status: `translate()` is
+the only place that maps them to one. DRF's own exceptions (validation, authentication, 404
+from a scoped lookup) take the same shape in `exception_handler`. See docs/api.md.
+"""
 
 from __future__ import annotations
 
+from django.http import JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from console.core import errors
+from console.core.errors import flatten
+
+STATUS: dict[type[errors.DomainError], int] = {
+    errors.Invalid: status.HTTP_400_BAD_REQUEST,
+    errors.Unauthenticated: status.HTTP_401_UNAUTHORIZED,
+    errors.Forbidden: status.HTTP_403_FORBIDDEN,
+    errors.NotFound: status.HTTP_404_NOT_FOUND,
+    errors.Conflict: status.HTTP_409_CONFLICT,
+    errors.TooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    errors.Busy: status.HTTP_503_SERVICE_UNAVAILABLE,
+}
+
+# Codes of DRF's own exceptions, by status.
 CODES = {
     status.HTTP_400_BAD_REQUEST: "invalid",
     status.HTTP_401_UNAUTHORIZED: "not_authenticated",
     status.HTTP_403_FORBIDDEN: "permission_denied",
     status.HTTP_404_NOT_FOUND: "not_found",
     status.HTTP_405_METHOD_NOT_ALLOWED: "method_not_allowed",
+    status.HTTP_406_NOT_ACCEPTABLE: "not_acceptable",
     status.HTTP_409_CONFLICT: "conflict",
     status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: "too_large",
     status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: "unsupported_media_type",
@@ -18,50 +44,45 @@ CODES = {
 }
 
 
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the current state."
-    default_code = "conflict"
+def body(code: str, detail: str, fields: dict[str, str] | None = None) -> dict:
+    """The error shape."""
+    out = {"error": code, "detail": detail}
+    if fields:
+        out["fields"] = fields
+    return out
 
 
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request body is too large."
-    default_code = "too_large"
+def translate(exc: errors.DomainError) -> tuple[int, dict, dict[str, str]]:
+    """(status, body, headers) of a domain error."""
+    status_code = next((code for kind, code in STATUS.items() if isinstance(exc, kind)), status.HTTP_400_BAD_REQUEST)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, errors.Busy) else {}
+    return status_code, body(exc.code, exc.detail, exc.fields), headers
 
 
-def _flatten(detail, prefix: str = "") -> dict[str, str]:
-    if isinstance(detail, dict):
-        out: dict[str, str] = {}
-        for key, value in detail.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    if isinstance(detail, list):
-        if all(not isinstance(item, (dict, list)) for item in detail):
-            return {prefix or "non_field_errors": " ".join(str(item) for item in detail)}
-        out = {}
-        for i, item in enumerate(detail):
-            if item:
-                out.update(_flatten(item, f"{prefix}[{i}]"))
-        return out
-    return {prefix or "non_field_errors": str(detail)}
+def error_response(exc: errors.DomainError) -> JsonResponse:
+    """A domain error as a plain Django answer (agent endpoints, /metrics)."""
+    status_code, payload, headers = translate(exc)
+    return JsonResponse(payload, status=status_code, headers=headers)
+
+
+def _sentence(fields: dict[str, str]) -> str:
+    return "; ".join(f"{k}: {v}" if k != "non_field_errors" else v for k, v in fields.items())
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, errors.DomainError):
+        from rest_framework.response import Response
+
+        status_code, payload, headers = translate(exc)
+        return Response(payload, status=status_code, headers=headers)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     code = CODES.get(response.status_code, "error")
-    if isinstance(exc, exceptions.ValidationError):
-        fields = _flatten(exc.detail)
-        detail = "; ".join(f"{k}: {v}" if k != "non_field_errors" else v for k, v in fields.items())
-        body = {"error": code, "detail": detail, "fields": fields}
+    if isinstance(exc, exceptions.ValidationError) or isinstance(exc, exceptions.APIException) and isinstance(exc.detail, (list, dict)):
+        fields = flatten(exc.detail)
+        response.data = body(code, _sentence(fields), fields)
     else:
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-        if isinstance(detail, (list, dict)):
-            body = {"error": code, "detail": "; ".join(_flatten(detail).values()), "fields": _flatten(detail)}
-        else:
-            body = {"error": getattr(detail, "code", None) if code == "error" else code, "detail": str(detail)}
-            body["error"] = body["error"] or code
-    response.data = body
+        response.data = body(code, str(detail))
     return response

@@ -7,6 +7,7 @@ and `REDIS_URL` (Celery broker and results, channels-redis, cache, agent wake-up
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from datetime import timedelta
@@ -80,6 +81,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "console.core.middleware.TenantScopeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -200,7 +202,7 @@ if env_bool("LOCKSTEP_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Agents and health probes speak plain HTTP inside a cluster's management network even when
 # the browser console is served over HTTPS; they are exempt from the redirect.
-SECURE_REDIRECT_EXEMPT = [r"^api/v1/agent/", r"^install\.sh$", r"^agent/", r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/agent/", r"^install\.sh$", r"^agent/", r"^healthz$", r"^metrics$"]
 
 # --- i18n, static ---------------------------------------------------------------------------
 
@@ -269,6 +271,14 @@ LOCKSTEP = {
     # Live updates: more events than this for one group in one flush collapse into a refresh.
     "LIVE_MAX_EVENTS_PER_FLUSH": env_int("LOCKSTEP_LIVE_MAX_EVENTS_PER_FLUSH", 50),
 }
+
+# /metrics (console/core/metrics.py): a bearer token, or a client in one of these networks.
+METRICS_TOKEN = env_str("LOCKSTEP_METRICS_TOKEN")
+try:
+    METRICS_ALLOW = [ipaddress.ip_network(net, strict=False)
+                     for net in env_list("LOCKSTEP_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"LOCKSTEP_METRICS_ALLOW: {exc}") from None
 
 # Large topology documents (9k GPUs) are accepted by the topology endpoint only.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LOCKSTEP["TOPOLOGY_MAX_BYTES"]

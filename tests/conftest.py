@@ -14,7 +14,10 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from console.tenancy.models import ApiToken, Membership, Organization, Role, TokenScope
+from console.core import scoping
+from console.telemetry import kinds
+from console.tenancy import services as tenancy
+from console.tenancy.models import Membership, Organization, Role, TokenScope
 
 POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 REDIS = bool(settings.REDIS_URL)
@@ -33,6 +36,15 @@ def _test_settings(settings):
     # In-process tests run inside one transaction per test: agent endpoints must do their ORM
     # work on the test's thread. The thread pool itself is exercised by the live-server tests.
     settings.LOCKSTEP = {**settings.LOCKSTEP, "DB_THREAD_POOL": False}
+
+
+@pytest.fixture(autouse=True)
+def _test_body_unscoped():
+    """The test itself arranges and inspects rows of every organization. What it exercises still
+    starts closed and enters its own scope: every HTTP request (middleware), agent request,
+    viewset, page, websocket consumer and Celery task, so a forgotten scope fails here too."""
+    with scoping.unscoped("a test arranges and inspects rows of every organization"):
+        yield
 
 
 class World:
@@ -55,10 +67,7 @@ class World:
     def token(self, name: str, scope: str = TokenScope.WRITE, organization=None) -> str:
         user = self.users[name]
         organization = organization or Membership.objects.filter(user=user).first().organization
-        token = ApiToken(organization=organization, user=user, name=f"{name}-{scope}", scope=scope)
-        plaintext = token.set_new_secret()
-        token.save()
-        return plaintext
+        return tenancy.mint_api_token(organization.pk, user, name=f"{name}-{scope}", scope=scope).plaintext
 
     def client(self, name: str | None, scope: str = TokenScope.WRITE) -> APIClient:
         client = APIClient()
@@ -75,6 +84,18 @@ class World:
 @pytest.fixture
 def world(db, django_user_model) -> World:
     return World(django_user_model)
+
+
+TEST_KIND = "test.sample"
+
+
+@pytest.fixture
+def test_telemetry_kind(monkeypatch):
+    """`test.sample`: a telemetry kind only the tests post (any bounded object), with a handler
+    list the test can fill."""
+    kind = kinds.TelemetryKind(TEST_KIND, "A kind only the tests post.", validate=kinds.shape({}))
+    monkeypatch.setitem(kinds._kinds, TEST_KIND, kind)
+    return kind
 
 
 @pytest.fixture

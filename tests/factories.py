@@ -6,14 +6,13 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from console.commands import dispatch
+from console.commands import services as command_services
 from console.commands.models import Command
-from console.fleet.enrollment import enroll
-from console.fleet.inventory import apply_inventory
+from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
-from console.fleet.topology_io import import_topology
-from console.telemetry.ingest import ingest
+from console.fleet.services import apply_inventory, enroll, import_topology
 from console.telemetry.models import TelemetryRecord
+from console.telemetry.services import ingest
 
 
 def small_topology(prefix: str = "node") -> dict:
@@ -30,10 +29,13 @@ def small_topology(prefix: str = "node") -> dict:
 
 
 def make_enrollment_token(cluster: Cluster, **fields) -> str:
-    token = EnrollmentToken(organization_id=cluster.organization_id, cluster=cluster, **fields)
-    plaintext = token.set_new_secret()
-    token.save()
-    return plaintext
+    """Minted by the service; `expires`, `revoked_at` or `uses` set afterwards as given (a test
+    needs tokens the service would never mint: expired, revoked, used up)."""
+    later = {k: fields.pop(k) for k in ("expires", "revoked_at", "uses") if k in fields}
+    minted = fleet_services.mint_enrollment_token(cluster, **fields)
+    if later:
+        EnrollmentToken.objects.filter(pk=minted.token.pk).update(**later)
+    return minted.plaintext
 
 
 def inventory_doc(hostname: str, machine_id: str, gpus: int = 1) -> dict:
@@ -75,7 +77,7 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     enrolled = enroll(plaintext, {"hostname": f"{prefix}0", "machine_id": f"{organization.slug}-m0"})
     node = enrolled.node
     apply_inventory(node, inventory_doc(node.name, node.machine_id))
-    command, _ = dispatch.issue_command(node, "node.health", {})
+    command, _ = command_services.issue_command(node, "node.health", {})
     ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}}]},
            100)
     return Fleet(

@@ -3,6 +3,11 @@
 They are plain async Django views rather than DRF views: they sit on the hot path of every
 node, hold long polls open by the thousand, and do their database work on a bounded thread
 pool (`console.core.asyncdb`) so one console process serves many agents at once.
+
+Tenancy: every request starts with no tenant scope (`agent_endpoint`); the node credential is
+looked up across organizations, and everything after it runs in the node's organization
+(`authenticate`). Errors are domain errors, answered in the API's one error shape
+(`api.errors.error_response`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,17 @@ import math
 
 from django.conf import settings
 from django.http import JsonResponse
-from django.utils import timezone
 
-from api.agent.auth import AgentError, node_for_credential
-from console.commands import dispatch, wakeup
+from api.agent.auth import node_for_credential
+from api.errors import error_response
+from console.commands import services as commands
+from console.commands import wakeup
+from console.core import scoping
 from console.core.asyncdb import LoopSlots, NoSlot, run_db, run_db_for_delivery
-from console.fleet import enrollment, lifecycle
-from console.fleet.inventory import InventoryError, apply_inventory
-from console.telemetry.ingest import BatchInvalid, BatchTooLarge, ingest
+from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
+from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
+from console.fleet import services as fleet
+from console.telemetry import services as telemetry_store
 
 ENROLL_MAX_BYTES = 64 * 1024
 HEARTBEAT_MAX_BYTES = 64 * 1024
@@ -36,7 +44,8 @@ TELEMETRY_RETRY_AFTER_S = 10
 
 
 def agent_endpoint(*methods: str):
-    """Method check, and AgentError → its JSON answer, for an async agent view."""
+    """Method check, no tenant scope until the credential names one, and domain errors → the
+    API's error shape, for an async agent view."""
 
     def decorate(view):
         @functools.wraps(view)
@@ -47,11 +56,13 @@ def agent_endpoint(*methods: str):
                     status=405, headers={"Allow": ", ".join(methods)},
                 )
             try:
-                return await view(request, *args, **kwargs)
-            except AgentError as exc:
-                return JsonResponse(exc.body(), status=exc.status, headers=exc.headers)
+                with scoping.closed():
+                    return await view(request, *args, **kwargs)
+            except DomainError as exc:
+                return error_response(exc)
 
         wrapper.csrf_exempt = True
+        wrapper.http_methods = methods  # what the route-coverage test reads
         return wrapper
 
     return decorate
@@ -60,52 +71,50 @@ def agent_endpoint(*methods: str):
 def read_json(request, max_bytes: int, *, required: bool = True):
     declared = request.headers.get("Content-Length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise AgentError("batch_too_large", f"The body is {declared} bytes; the limit is {max_bytes}.", 413)
+        raise TooLarge(f"The body is {declared} bytes; the limit is {max_bytes}.", code="batch_too_large")
     body = request.body
     if len(body) > max_bytes:
-        raise AgentError("batch_too_large", f"The body is {len(body)} bytes; the limit is {max_bytes}.", 413)
+        raise TooLarge(f"The body is {len(body)} bytes; the limit is {max_bytes}.", code="batch_too_large")
     if not body:
         if required:
-            raise AgentError("invalid", "The body is empty; send a JSON object.", 400)
+            raise Invalid("The body is empty; send a JSON object.")
         return {}
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AgentError("invalid", f"The body is not JSON: {exc}", 400) from None
+        raise Invalid(f"The body is not JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise AgentError("invalid", "The body must be a JSON object.", 400)
+        raise Invalid("The body must be a JSON object.")
     return payload
 
 
-def _seen(authorization: str, touch: bool = True):
-    node = node_for_credential(authorization)
-    if touch or node.state in lifecycle.CONTACT_REVIVES:
-        return lifecycle.mark_seen(node)
-    return node
-
-
 def _authenticated(authorization: str, work, args: tuple):
-    if work is None:
-        return _seen(authorization)
-    # Work that writes last_seen itself spares mark_seen's own UPDATE.
-    node = _seen(authorization, touch=not getattr(work, "touches_last_seen", False))
-    return work(node, *args)
+    node = node_for_credential(authorization)
+    with scoping.for_organization(node.organization_id):
+        # Work that writes last_seen itself spares mark_seen's own UPDATE.
+        if work is None or not getattr(work, "touches_last_seen", False) or node.state in fleet.CONTACT_REVIVES:
+            fleet.mark_seen(node)
+        return node if work is None else work(node, *args)
 
 
 async def authenticate(request, work=None, *args):
     """The node of the request's credential, marked seen; with `work`, `work(node, *args)` runs
-    right after authentication on the same trip to the database thread pool (one hop per
-    request, not two) and its result is returned instead."""
+    right after authentication, in the node's organization, on the same trip to the database
+    thread pool (one hop per request, not two), and its result is returned instead."""
     return await run_db(_authenticated, request.headers.get("Authorization", ""), work, args)
+
+
+def in_organization_of(node, fn, *args):
+    """`fn(*args)` in the node's organization (for database work after `authenticate`)."""
+    with scoping.for_organization(node.organization_id):
+        return fn(*args)
 
 
 @agent_endpoint("POST")
 async def enroll(request):
     payload = read_json(request, ENROLL_MAX_BYTES)
-    try:
-        result = await run_db(enrollment.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"))
-    except enrollment.EnrollmentRefused as exc:
-        raise AgentError(exc.code, exc.detail, exc.status, exc.field) from None
+    # The token names the organization: the service looks it up, then works in that organization.
+    result = await run_db(fleet.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"))
     node, limits = result.node, settings.LOCKSTEP
     return JsonResponse(
         {
@@ -124,8 +133,6 @@ async def enroll(request):
 
 
 def _store_heartbeat(node, request):
-    from console.fleet.models import Node
-
     payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
     status = {key: payload[key] for key in HEARTBEAT_FIELDS
               if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
@@ -133,12 +140,8 @@ def _store_heartbeat(node, request):
     if isinstance(activities, list):
         status["activities"] = [a for a in activities[:HEARTBEAT_MAX_ACTIVITIES]
                                 if isinstance(a, dict) and isinstance(a.get("name"), str)]
-    now = timezone.now()
-    fields = {"agent_status": status, "last_seen": now}  # one UPDATE: status and "seen"
     version = payload.get("agent_version")
-    if isinstance(version, str) and version != node.agent_version:
-        fields["agent_version"] = version[:50]
-    Node.objects.filter(pk=node.pk).update(**fields)
+    now = fleet.record_heartbeat(node, status, version if isinstance(version, str) else None)
     return node.state, now
 
 
@@ -158,9 +161,9 @@ def _int_param(request, name: str, default: int, low: int, high: int) -> int:
     try:
         value = float(raw)
     except ValueError:
-        raise AgentError("invalid", f"Query parameter {name}={raw!r} is not a number.", 400, name) from None
+        raise Invalid(f"Query parameter {name}={raw!r} is not a number.", field=name) from None
     if math.isnan(value):
-        raise AgentError("invalid", f"Query parameter {name} is not a number.", 400, name)
+        raise Invalid(f"Query parameter {name} is not a number.", field=name)
     return int(min(max(value, low), high))
 
 
@@ -184,28 +187,32 @@ async def poll_commands(request):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     # Listen before the first look, so a command queued in between still wakes this poll.
-    async with wakeup.listen(node.pk) as woken:
-        commands = await run_db_for_delivery(dispatch.claim, node.pk, batch)
-        while not commands:
-            # Woken by a command queued for this node, or by the periodic sweep that finds work
-            # whose wake-up was missed (console/commands/wakeup.py). A wait that ends quietly
-            # answers empty: the agent polls again at once, and that poll's claim sees the rest.
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await woken.wait(remaining):
-                break
-            commands = await run_db_for_delivery(dispatch.claim, node.pk, batch)
-    return JsonResponse({"commands": [command_json(c) for c in commands]})
+    POLLS_HELD.inc()
+    try:
+        async with wakeup.listen(node.pk) as woken:
+            claimed = await run_db_for_delivery(in_organization_of, node, commands.claim, node.pk, batch)
+            while not claimed:
+                # Woken by a command queued for this node, or by the periodic sweep that finds work
+                # whose wake-up was missed (console/commands/wakeup.py). A wait that ends quietly
+                # answers empty: the agent polls again at once, and that poll's claim sees the rest.
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await woken.wait(remaining):
+                    break
+                claimed = await run_db_for_delivery(in_organization_of, node, commands.claim, node.pk, batch)
+    finally:
+        POLLS_HELD.dec()
+    return JsonResponse({"commands": [command_json(c) for c in claimed]})
 
 
 def _record_result(node, request, command_id):
     payload = read_json(request, settings.LOCKSTEP["TELEMETRY_MAX_BATCH_BYTES"])
     status = payload.get("status")
     if status not in ("succeeded", "failed"):
-        raise AgentError("invalid", f"status must be 'succeeded' or 'failed', got {status!r}.", 400, "status")
+        raise Invalid(f"status must be 'succeeded' or 'failed', got {status!r}.", field="status")
     error = payload.get("error", "")
     if not isinstance(error, str):
-        raise AgentError("invalid", "error must be a string.", 400, "error")
-    return dispatch.record_result(
+        raise Invalid("error must be a string.", field="error")
+    return commands.record_result(
         node, command_id, succeeded=status == "succeeded", result=payload.get("result"), error=error[:10000],
     )
 
@@ -214,7 +221,7 @@ def _record_result(node, request, command_id):
 async def command_result(request, command_id):
     outcome = await authenticate(request, _record_result, request, command_id)
     if outcome is None:
-        raise AgentError("not_found", "No such command for this node.", 404)
+        raise NotFound("No such command for this node.")
     body = {"accepted": outcome.accepted}
     if outcome.reason:
         body["reason"] = outcome.reason
@@ -223,36 +230,41 @@ async def command_result(request, command_id):
 
 def _ingest(node, request):
     limits = settings.LOCKSTEP
-    return ingest(node, read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"]), limits["TELEMETRY_MAX_RECORDS"])
+    try:
+        return telemetry_store.ingest(node, read_json(request, limits["TELEMETRY_MAX_BATCH_BYTES"]),
+                                      limits["TELEMETRY_MAX_RECORDS"])
+    except DomainError as exc:
+        exc.organization_id = node.organization_id  # for the rejects metric
+        raise
+
+
+def _reject_reason(exc: DomainError) -> str:
+    if isinstance(exc, telemetry_store.BatchInvalid):
+        return exc.reason
+    return {"batch_too_large": "too_large", "busy": "busy", "invalid": "invalid"}.get(exc.code, "unauthenticated")
 
 
 @agent_endpoint("POST")
 async def telemetry(request):
     try:
-        async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
-            result = await authenticate(request, _ingest, request)
-    except NoSlot:
-        raise AgentError(
-            "busy", "The console is storing other telemetry; keep this batch and send it again later.", 503,
-            headers={"Retry-After": str(TELEMETRY_RETRY_AFTER_S)},
-        ) from None
-    except BatchTooLarge as exc:
-        raise AgentError("batch_too_large", str(exc), 413) from None
-    except BatchInvalid as exc:
-        raise AgentError("invalid", str(exc), 400, exc.field, exc.message) from None
+        try:
+            async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
+                result = await authenticate(request, _ingest, request)
+        except NoSlot:
+            raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
+                       retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
+    except DomainError as exc:
+        TELEMETRY_REJECTS.labels(str(getattr(exc, "organization_id", "")), _reject_reason(exc)).inc()
+        raise
     if result.duplicate:
         return JsonResponse({"accepted": 0, "duplicate": True})
     return JsonResponse({"accepted": result.accepted}, status=202)
 
 
 def _apply_inventory(node, request):
-    return apply_inventory(node, read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"]))
+    return fleet.apply_inventory(node, read_json(request, settings.LOCKSTEP["INVENTORY_MAX_BYTES"]))
 
 
 @agent_endpoint("PUT")
 async def inventory(request):
-    try:
-        counts = await authenticate(request, _apply_inventory, request)
-    except InventoryError as exc:
-        raise AgentError("invalid", str(exc), 400, exc.field, exc.message) from None
-    return JsonResponse(counts)
+    return JsonResponse(await authenticate(request, _apply_inventory, request))

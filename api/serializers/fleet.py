@@ -1,20 +1,15 @@
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.db.models import Count
-from django.utils import timezone
 from rest_framework import serializers
 
-from api.fields import ScopedPrimaryKeyRelatedField
+from console.fleet import services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.tenancy.models import Organization
 
-DEFAULT_ENROLLMENT_TTL = timedelta(days=7)
-
 
 class ClusterSerializer(serializers.ModelSerializer):
-    organization = ScopedPrimaryKeyRelatedField(
+    # Resolved in the caller's tenant scope (the default manager): another tenant's id is "does not exist".
+    organization = serializers.PrimaryKeyRelatedField(
         queryset=Organization.objects.all(), required=False,
         help_text="Defaults to the token's organization (or your current one).",
     )
@@ -25,32 +20,18 @@ class ClusterSerializer(serializers.ModelSerializer):
         fields = ["id", "organization", "name", "description", "topology_name", "topology_imported_at", "nodes",
                   "created", "updated"]
         read_only_fields = ["id", "topology_name", "topology_imported_at", "nodes", "created", "updated"]
-        validators = []  # uniqueness of (organization, name) is checked in validate(), after the default org
+        validators = []  # (organization, name) is unique: the service checks it, after the default organization
 
     def get_nodes(self, obj) -> dict[str, int]:
         counts = getattr(obj, "_node_counts", None)
         if counts is None:
-            counts = dict(obj_node_counts([obj.pk]).get(obj.pk, {}))
-        return {state: counts.get(state, 0) for state in NodeState.values}
+            counts = services.node_counts_by_state([obj.pk])[obj.pk]
+        return {state: counts[state] for state in NodeState.values}
 
     def validate(self, attrs):
-        org = attrs.get("organization") or getattr(self.instance, "organization", None)
-        name = attrs.get("name")
-        if org and name and Cluster.objects.filter(organization=org, name=name).exclude(
-            pk=getattr(self.instance, "pk", None)
-        ).exists():
-            raise serializers.ValidationError({"name": f"a cluster named {name!r} already exists"})
         if self.instance is not None and "organization" in attrs and attrs["organization"] != self.instance.organization:
             raise serializers.ValidationError({"organization": "a cluster cannot move to another organization"})
         return attrs
-
-
-def obj_node_counts(cluster_ids) -> dict[int, dict[str, int]]:
-    counts: dict[int, dict[str, int]] = {}
-    rows = Node.objects.filter(cluster_id__in=cluster_ids).values("cluster_id", "state").annotate(n=Count("id"))
-    for row in rows:
-        counts.setdefault(row["cluster_id"], {})[row["state"]] = row["n"]
-    return counts
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -110,8 +91,10 @@ class LinkSerializer(serializers.ModelSerializer):
 class EnrollmentTokenSerializer(serializers.ModelSerializer):
     prefix = serializers.CharField(source="prefix_display", read_only=True)
     expires_in_s = serializers.IntegerField(
-        write_only=True, required=False, min_value=60, max_value=365 * 86400,
-        help_text="Lifetime in seconds (default 7 days); or give `expires`.",
+        write_only=True, required=False, min_value=int(services.ENROLLMENT_TOKEN_MIN_TTL.total_seconds()),
+        max_value=int(services.ENROLLMENT_TOKEN_MAX_TTL.total_seconds()),
+        help_text=f"Lifetime in seconds (default {int(services.ENROLLMENT_TOKEN_TTL.total_seconds())}, "
+                  f"{services.ENROLLMENT_TOKEN_TTL}); or give `expires`.",
     )
 
     class Meta:
@@ -120,17 +103,7 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
                   "uses", "last_used", "revoked_at", "created"]
         read_only_fields = ["id", "organization", "cluster", "prefix", "uses", "last_used", "revoked_at", "created"]
 
-    def validate(self, attrs):
-        lifetime = attrs.pop("expires_in_s", None)
-        if lifetime is not None and attrs.get("expires") is not None:
-            raise serializers.ValidationError({"expires_in_s": "give either expires or expires_in_s, not both"})
-        if attrs.get("expires") is None:
-            attrs["expires"] = timezone.now() + (timedelta(seconds=lifetime) if lifetime else DEFAULT_ENROLLMENT_TTL)
-        elif attrs["expires"] <= timezone.now():
-            raise serializers.ValidationError({"expires": "must be in the future"})
-        if attrs.get("max_uses") == 0:
-            raise serializers.ValidationError({"max_uses": "must be at least 1 (or empty for unlimited)"})
-        return attrs
+    # Defaults and bounds (lifetime, uses) are the service's: console.fleet.services.mint_enrollment_token.
 
 
 class EnrollmentTokenCreatedSerializer(EnrollmentTokenSerializer):

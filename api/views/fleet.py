@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db.models import Count
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
@@ -27,19 +29,15 @@ from api.serializers.fleet import (
     PathsSerializer,
     SwitchSerializer,
     TopologySummarySerializer,
-    obj_node_counts,
 )
 from api.viewsets import ScopedModelViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
-from console.commands import dispatch
-from console.fleet import lifecycle
-from console.fleet.events import cluster_changed
+from console.commands import services as commands
+from console.fleet import services
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.paths import ecmp_paths
 from console.fleet.status import cluster_status
-from console.fleet.topology_io import export_topology, import_topology
 from console.tenancy.models import Role
-from workers.fabric.topology import TopologyError
 
 
 class ClusterViewSet(ScopedModelViewSet):
@@ -53,29 +51,28 @@ class ClusterViewSet(ScopedModelViewSet):
     def paginate_queryset(self, queryset):
         page = super().paginate_queryset(queryset)
         rows = page if page is not None else list(queryset)
-        counts = obj_node_counts([c.pk for c in rows])
+        counts = services.node_counts_by_state([c.pk for c in rows])
         for cluster in rows:
-            cluster._node_counts = counts.get(cluster.pk, {})
+            cluster._node_counts = counts[cluster.pk]
         return page
 
     def perform_create(self, serializer):
-        organization = serializer.validated_data.get("organization")
+        data = serializer.validated_data
+        organization = data.get("organization")
         org_id = organization.pk if organization else self.scope.default_organization_id
         if org_id is None:
             raise exceptions.ValidationError({"organization": "you are not a member of any organization"})
         self.require_role(org_id)
-        cluster = serializer.save(organization_id=org_id)
-        cluster_changed(org_id, cluster.pk)
+        serializer.instance = services.create_cluster(org_id, data["name"], data.get("description", ""))
 
     def perform_update(self, serializer):
-        super().perform_update(serializer)
-        cluster_changed(serializer.instance.organization_id, serializer.instance.pk)
+        self.require_role(serializer.instance.organization_id)
+        data = serializer.validated_data
+        services.update_cluster(serializer.instance, name=data.get("name"), description=data.get("description"))
 
     def perform_destroy(self, instance):
         self.require_role(instance.organization_id, Role.OWNER)
-        organization_id, pk = instance.organization_id, instance.pk
-        instance.delete()
-        cluster_changed(organization_id, pk, deleted=True)
+        services.delete_cluster(instance)
 
     @extend_schema(
         methods=["GET"], responses={200: dict},
@@ -90,15 +87,8 @@ class ClusterViewSet(ScopedModelViewSet):
     def topology(self, request, pk=None):
         cluster = self.get_object()
         if request.method == "GET":
-            return Response(export_topology(cluster))
-        try:
-            summary = import_topology(cluster, request.data)
-        except TopologyError as exc:
-            return Response(
-                {"error": "invalid_topology", "detail": str(exc), "errors": exc.errors},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
-        return Response(summary.as_dict())
+            return Response(services.export_topology(cluster))
+        return Response(services.import_topology(cluster, request.data).as_dict())
 
     @extend_schema(
         methods=["POST"], request=EnrollmentTokenSerializer, responses={201: EnrollmentTokenCreatedSerializer},
@@ -116,15 +106,15 @@ class ClusterViewSet(ScopedModelViewSet):
             return self.get_paginated_response(data)
         serializer = EnrollmentTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        token = EnrollmentToken(
-            organization_id=cluster.organization_id, cluster=cluster, created_by=request.user,
-            **serializer.validated_data,
+        data = serializer.validated_data
+        minted = services.mint_enrollment_token(
+            cluster, created_by=request.user, description=data.get("description", ""), expires=data.get("expires"),
+            lifetime=timedelta(seconds=data["expires_in_s"]) if "expires_in_s" in data else None,
+            max_uses=data.get("max_uses", services.ENROLLMENT_TOKEN_MAX_USES),
         )
-        plaintext = token.set_new_secret()
-        token.save()
-        token.token = plaintext
-        token.install_command = install_command(request, plaintext)
-        return Response(EnrollmentTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+        minted.token.token = minted.plaintext
+        minted.token.install_command = install_command(request, minted.plaintext)
+        return Response(EnrollmentTokenCreatedSerializer(minted.token).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         parameters=[
@@ -145,11 +135,7 @@ class ClusterViewSet(ScopedModelViewSet):
             raise exceptions.ValidationError({"limit": "must be an integer"}) from None
         if not src or not dst:
             raise exceptions.ValidationError({"src" if not src else "dst": "required (a NIC name)"})
-        try:
-            return Response(ecmp_paths(cluster, src, dst, limit))
-        except KeyError as exc:
-            field, _, problem = exc.args[0].partition(": ")
-            raise exceptions.ValidationError({field: problem}) from None
+        return Response(ecmp_paths(cluster, src, dst, limit))
 
     @extend_schema(responses={200: dict}, description="Compact health of every element: the polling fallback "
                    "of the live map (same data the websocket pushes).")
@@ -171,28 +157,24 @@ class NodeViewSet(ScopedReadOnlyViewSet):
 
     def _transition(self, request, fn):
         node = self.get_object()
-        self.check_object_permissions(request, node)
         self.require_role(node.organization_id)
-        try:
-            fn(node)
-        except lifecycle.TransitionRefused as exc:
-            raise exceptions.ValidationError({"state": str(exc)}) from None
+        fn(node)
         return Response(NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        return self._transition(request, lifecycle.drain)
+        return self._transition(request, services.drain)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
     def undrain(self, request, pk=None):
-        return self._transition(request, lifecycle.undrain)
+        return self._transition(request, services.undrain)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None):
-        return self._transition(request, lifecycle.retire)
+        return self._transition(request, services.retire)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
     @action(detail=True, methods=["get"])
@@ -210,15 +192,8 @@ class NodeViewSet(ScopedReadOnlyViewSet):
         if request.method == "GET":
             page = self.paginate_queryset(node.commands.order_by("-created"))
             return self.get_paginated_response(CommandSerializer(page, many=True).data)
-        self.require_role(node.organization_id)
         data = {**request.data, "node": node.pk} if isinstance(request.data, dict) else request.data
-        serializer = CommandSerializer(data=data, context=self.get_serializer_context())
-        serializer.is_valid(raise_exception=True)
-        command, created = dispatch.issue_command(
-            node, serializer.validated_data["type"], serializer.validated_data.get("args"),
-            user=request.user, idempotency_key=serializer.validated_data.get("idempotency_key"),
-        )
-        return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return issue_command_response(self, request, data)
 
 
 class GpuViewSet(ScopedReadOnlyViewSet):
@@ -271,7 +246,19 @@ class EnrollmentTokenViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.R
     filterset_class = EnrollmentTokenFilterSet
 
     def destroy(self, request, *args, **kwargs):
-        token = self.get_object()
-        token.revoke()
+        services.revoke_enrollment_token(self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def issue_command_response(view, request, data) -> Response:
+    """POST /commands/ and POST /nodes/{id}/commands/: validate, check the role, issue once."""
+    serializer = CommandSerializer(data=data, context=view.get_serializer_context())
+    serializer.is_valid(raise_exception=True)
+    node = serializer.validated_data["node"]
+    view.require_role(node.organization_id)
+    command, created = commands.issue_command(
+        node, serializer.validated_data["type"], serializer.validated_data.get("args"),
+        user=request.user, idempotency_key=serializer.validated_data.get("idempotency_key"),
+    )
+    return Response(CommandSerializer(command).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

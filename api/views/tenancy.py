@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import Q
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.response import Response
@@ -13,6 +12,7 @@ from api.serializers.tenancy import (
     OrganizationSerializer,
 )
 from api.viewsets import ScopedModelViewSet, ScopedViewSetMixin
+from console.tenancy import services
 from console.tenancy.models import ApiToken, Membership, Organization, Role
 
 
@@ -20,7 +20,6 @@ class OrganizationViewSet(ScopedModelViewSet):
     """Your organizations. Any signed-in user may create one and becomes its owner."""
 
     model = Organization
-    scope_field = "id"
     serializer_class = OrganizationSerializer
     write_role = Role.OWNER
     http_method_names = ["get", "post", "patch", "head", "options"]
@@ -28,10 +27,14 @@ class OrganizationViewSet(ScopedModelViewSet):
     def perform_create(self, serializer):
         if self.request.auth is not None:
             raise exceptions.PermissionDenied("API tokens belong to one organization; create organizations signed in.")
-        with transaction.atomic():
-            organization = serializer.save()
-            Membership.objects.create(organization=organization, user=self.request.user, role=Role.OWNER)
-        self.request._lockstep_scope = None  # the new membership widens this request's scope
+        data = serializer.validated_data
+        serializer.instance = services.create_organization(data["name"], self.request.user, slug=data.get("slug"))
+        self.refresh_scope()  # the new membership widens this request's scope
+
+    def perform_update(self, serializer):
+        self.require_role(serializer.instance.organization_id, Role.OWNER)
+        data = serializer.validated_data
+        services.rename_organization(serializer.instance, name=data.get("name"), slug=data.get("slug"))
 
 
 class MembershipViewSet(ScopedModelViewSet):
@@ -46,23 +49,18 @@ class MembershipViewSet(ScopedModelViewSet):
     def scoped_queryset(self, queryset):
         return queryset.select_related("user")
 
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        self.require_role(data["organization"].pk)
+        serializer.instance = services.add_member(data["organization"], data["email"], data["role"])
+
     def perform_update(self, serializer):
-        with transaction.atomic():
-            _keep_an_owner(serializer.instance, new_role=serializer.validated_data.get("role"))
-            super().perform_update(serializer)
+        self.require_role(serializer.instance.organization_id)
+        if "role" in serializer.validated_data:
+            services.change_role(serializer.instance, serializer.validated_data["role"])
 
     def perform_destroy(self, instance):
-        with transaction.atomic():
-            _keep_an_owner(instance, new_role=None)
-            instance.delete()
-
-
-def _keep_an_owner(membership: Membership, new_role) -> None:
-    if membership.role != Role.OWNER or new_role == Role.OWNER:
-        return
-    others = Membership.objects.select_for_update().filter(organization_id=membership.organization_id, role=Role.OWNER)
-    if not others.exclude(pk=membership.pk).exists():
-        raise exceptions.ValidationError({"role": "an organization needs at least one owner"})
+        services.remove_member(instance)
 
 
 class ApiTokenViewSet(ScopedViewSetMixin, mixins.CreateModelMixin, mixins.ListModelMixin,
@@ -87,19 +85,17 @@ class ApiTokenViewSet(ScopedViewSetMixin, mixins.CreateModelMixin, mixins.ListMo
         if org_id is None:
             raise exceptions.ValidationError({"organization": "you are not a member of any organization"})
         self.require_role(org_id, Role.VIEWER)
-        token = ApiToken(
-            organization_id=org_id, user=request.user, name=serializer.validated_data["name"],
+        minted = services.mint_api_token(
+            org_id, request.user, name=serializer.validated_data["name"],
             scope=serializer.validated_data.get("scope", "read"), expires=serializer.validated_data.get("expires"),
         )
-        plaintext = token.set_new_secret()
-        token.save()
-        token.token = plaintext
-        return Response(ApiTokenCreatedSerializer(token, context=self.get_serializer_context()).data,
+        minted.token.token = minted.plaintext
+        return Response(ApiTokenCreatedSerializer(minted.token, context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 
     def destroy(self, request, *args, **kwargs):
         token = self.get_object()
         if token.user_id != request.user.pk:
             self.require_role(token.organization_id, Role.OWNER)
-        token.revoke()
+        services.revoke_api_token(token)
         return Response(status=status.HTTP_204_NO_CONTENT)

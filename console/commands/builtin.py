@@ -11,23 +11,23 @@ from console.commands.registry import CommandType, register
 class NoArguments(serializers.Serializer):
     def to_internal_value(self, data):
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"args": "must be an object"})
+            raise serializers.ValidationError("must be an object")
         if data:
             raise serializers.ValidationError({key: "this command takes no arguments" for key in data})
         return {}
 
 
 def _apply_inventory(command) -> None:
-    from console.fleet.inventory import apply_inventory
+    from console.fleet import services
 
-    apply_inventory(command.node, command.result)
+    services.apply_inventory(command.node, command.result)
 
 
 def _store_health(command) -> None:
-    node = command.node
-    node.health_report = command.result or {}
-    node.health_report_at = timezone.now()
-    node.save(update_fields=["health_report", "health_report_at", "updated"])
+    from console.fleet import services
+
+    report = command.result if isinstance(command.result, dict) else {}
+    services.store_health_report(command.node_id, report, timezone.now())
 
 
 register(

@@ -29,6 +29,8 @@ FINAL_STATES = (CommandState.SUCCEEDED, CommandState.FAILED, CommandState.EXPIRE
 class Command(ClusterOwnedModel):
     """One unit of work for one node's agent: delivered at least once, its result accepted once."""
 
+    tenant_parents = ("node",)
+
     id = models.UUIDField(
         primary_key=True,
         default=uuid.uuid4,

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 
+from console.core.errors import Invalid, flatten
+
 if TYPE_CHECKING:
     from console.commands.models import Command
 
 
-class UnknownCommandType(LookupError):
-    pass
+class UnknownCommandType(Invalid):
+    def __init__(self, detail: str):
+        super().__init__(detail, field="type")
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,13 @@ class CommandType:
     on_success: Callable[[Command], None] | None = None
 
     def validate_args(self, args) -> dict:
-        """Validated, normalized arguments; raises serializers.ValidationError naming the field."""
+        """Validated, normalized arguments; raises Invalid naming the field (`args.<field>`)."""
         serializer = self.args_serializer(data=args if args is not None else {})
-        serializer.is_valid(raise_exception=True)
+        if not serializer.is_valid():
+            fields = {key.replace("args.non_field_errors", "args"): problem
+                      for key, problem in flatten(serializer.errors, "args").items()}
+            raise Invalid(f"The arguments of {self.name} are not valid: "
+                          + "; ".join(f"{k}: {v}" for k, v in fields.items()), fields=fields)
         return dict(serializer.validated_data)
 
 

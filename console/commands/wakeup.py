@@ -157,17 +157,24 @@ class _Sweeper:
         task.add_done_callback(self._tasks.discard)
 
     async def _sweep(self, loop: asyncio.AbstractEventLoop, nodes: list[int]) -> None:
-        from console.commands.dispatch import nodes_with_work
         from console.core.asyncdb import run_db
 
         try:
-            due = await run_db(nodes_with_work, nodes)
+            due = await run_db(_nodes_with_work, nodes)
         except Exception as exc:  # the next sweep tries again
             log.warning("event=poll_sweep_failed nodes=%d error=%r", len(nodes), exc)
             due = ()
         for node_id in due:
             waiters.wake(node_id)
         loop.call_later(settings.LOCKSTEP["AGENT_POLL_RECHECK_S"], self._tick, loop)
+
+
+def _nodes_with_work(nodes: list[int]) -> set[int]:
+    from console.commands.services import nodes_with_work
+    from console.core import scoping
+
+    with scoping.unscoped("re-check the polls this process holds, whatever their organization"):
+        return nodes_with_work(nodes)
 
 
 _sweeper = _Sweeper()

@@ -4,18 +4,19 @@ enrollment token for the demo's agents. Idempotent: running it again reuses what
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.utils import timezone
 
-from console.fleet.models import Cluster, EnrollmentToken
-from console.fleet.topology_io import import_topology
+from console.core import scoping
+from console.fleet import services as fleet
+from console.fleet.models import Cluster
+from console.tenancy import services as tenancy
 from console.tenancy.models import Membership, Organization, Role
 
 USERNAME = "demo"
 PASSWORD = "lockstep-demo"  # noqa: S105  (a local demo on embedded defaults only; printed by `make demo`)
+ORGANIZATION = "Demo GPU Cloud"
 
 
 @dataclass(frozen=True)
@@ -26,20 +27,21 @@ class DemoSeed:
 
 
 def seed_demo(topology: dict) -> DemoSeed:
+    User = get_user_model()
     with transaction.atomic():
-        organization, _ = Organization.objects.get_or_create(slug="demo", defaults={"name": "Demo GPU Cloud"})
-        User = get_user_model()
         user = User.objects.filter(username=USERNAME).first()
         if user is None:
             user = User.objects.create_user(USERNAME, email="demo@lockstep.local", password=PASSWORD)
-        Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
-        cluster, _ = Cluster.objects.get_or_create(
-            organization=organization, name="demo-cluster",
-            defaults={"description": "An emulated rail-optimized fabric with real agents."},
-        )
-        import_topology(cluster, topology)
-        token = EnrollmentToken(organization=organization, cluster=cluster, description="demo agents",
-                                expires=timezone.now() + timedelta(days=1))
-        plaintext = token.set_new_secret()
-        token.save()
-    return DemoSeed(organization, cluster, plaintext)
+        with scoping.unscoped("the demo finds its organization by slug"):
+            organization = Organization.objects.filter(slug="demo").first()
+        if organization is None:
+            organization = tenancy.create_organization(ORGANIZATION, user, slug="demo")
+        with scoping.for_organization(organization.pk):
+            Membership.objects.get_or_create(organization=organization, user=user, defaults={"role": Role.OWNER})
+            cluster = Cluster.objects.filter(organization=organization, name="demo-cluster").first() or \
+                fleet.create_cluster(organization.pk, "demo-cluster",
+                                     "An emulated rail-optimized fabric with real agents.")
+            fleet.import_topology(cluster, topology)
+            # Unlimited uses: the demo's agents enroll again each time the demo starts.
+            minted = fleet.mint_enrollment_token(cluster, description="demo agents", max_uses=None)
+    return DemoSeed(organization, cluster, minted.plaintext)

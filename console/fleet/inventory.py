@@ -6,6 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from console.core.errors import Invalid
 from console.core.models import Health
 from console.fleet.events import node_changed
 from console.fleet.models import Gpu, Nic, Node
@@ -17,10 +18,9 @@ HOST_FACTS = ("hostname", "machine_id", "boot_id", "kernel", "os", "arch", "cpu_
               "memory_bytes", "agent_version")
 
 
-class InventoryError(ValueError):
+class InventoryError(Invalid):
     def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
-        super().__init__(f"{field}: {message}")
+        super().__init__(f"{field}: {message}", field=field, problem=message)
 
 
 def _expect(value, kind, field: str, what: str):

@@ -58,6 +58,8 @@ class Cluster(OrganizationOwnedModel):
             models.UniqueConstraint(
                 fields=["organization", "name"], name="fleet_cluster_unique_organization_name"
             ),
+            # What children's composite foreign keys reference (console.core.models: placement).
+            models.UniqueConstraint(fields=["id", "organization"], name="fleet_cluster_unique_id_organization"),
         ]
 
     def __str__(self) -> str:
@@ -178,6 +180,7 @@ class Node(ClusterOwnedModel):
         ordering = ["cluster", "position", "name"]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "name"], name="fleet_node_unique_cluster_name"),
+            models.UniqueConstraint(fields=["id", "cluster", "organization"], name="fleet_node_unique_id_placement"),
         ]
         indexes = [
             models.Index(fields=["state", "last_seen"], name="fleet_node_state_last_seen"),
@@ -229,6 +232,7 @@ class Switch(FabricElement):
         verbose_name_plural = "switches"
         constraints = [
             models.UniqueConstraint(fields=["cluster", "name"], name="fleet_switch_unique_cluster_name"),
+            models.UniqueConstraint(fields=["id", "cluster"], name="fleet_switch_unique_id_cluster"),
         ]
 
     def __str__(self) -> str:
@@ -242,6 +246,8 @@ class NicKind(models.TextChoices):
 
 class Nic(FabricElement):
     """A network interface of a node. Fabric NICs are named `<host>/<device>` in the topology."""
+
+    tenant_parents = ("node",)
 
     node = models.ForeignKey(
         to=Node,
@@ -325,6 +331,8 @@ class Nic(FabricElement):
         verbose_name = "NIC"
         constraints = [
             models.UniqueConstraint(fields=["cluster", "name"], name="fleet_nic_unique_cluster_name"),
+            models.UniqueConstraint(fields=["id", "cluster"], name="fleet_nic_unique_id_cluster"),
+            models.UniqueConstraint(fields=["id", "node"], name="fleet_nic_unique_id_node"),
         ]
         indexes = [models.Index(fields=["node", "device"], name="fleet_nic_node_device")]
 
@@ -334,6 +342,8 @@ class Nic(FabricElement):
 
 class Gpu(ClusterOwnedModel):
     """A GPU of a node, as NVML reports it."""
+
+    tenant_parents = ("node", "nearest_nic")
 
     node = models.ForeignKey(
         to=Node,
@@ -425,6 +435,8 @@ class Gpu(ClusterOwnedModel):
 class Link(FabricElement):
     """A cable between two ends, each a NIC or a switch."""
 
+    tenant_parents = ("a_nic", "a_switch", "b_nic", "b_switch")
+
     name = models.CharField(
         verbose_name="link id",
         max_length=255,
@@ -507,6 +519,8 @@ class EnrollmentToken(HashedToken, ClusterOwnedModel):
 
 class NodeCredential(HashedToken, ClusterOwnedModel):
     """The secret one node's agent authenticates with; minted by the console at enrollment."""
+
+    tenant_parents = ("node",)
 
     PREFIX = "lsn"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from console.core.errors import Invalid
 from console.fleet.models import Cluster
 from console.fleet.topology_io import export_topology
 from workers.fabric.paths import PathIndex, TooManyPaths
@@ -35,13 +36,14 @@ def path_index(cluster: Cluster) -> PathIndex:
 
 
 def ecmp_paths(cluster: Cluster, src: str, dst: str, limit: int) -> dict:
-    """The shortest paths between two NICs; raises KeyError naming an unknown NIC."""
+    """The shortest paths between two NICs; raises Invalid naming an unknown NIC."""
     index = path_index(cluster)
     for role, name in (("src", src), ("dst", dst)):
         if name not in index.nic_index:
-            raise KeyError(f"{role}: {name!r} is not a NIC of this cluster's topology")
+            raise Invalid(f"{role}: {name!r} is not a NIC of this cluster's topology", field=role,
+                          problem=f"{name!r} is not a NIC of this cluster's topology")
     if src == dst:
-        raise KeyError("dst: the same NIC as src")
+        raise Invalid("dst: the same NIC as src", field="dst", problem="the same NIC as src")
     count = index.count_paths(src, dst)
     try:
         paths = index.paths(src, dst, limit=limit)

@@ -69,16 +69,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
         scope = Scope.for_user(self.scope["user"])
         allowed, denied = [], []
-        for name in names:
-            parsed = parse_group(name)
-            if parsed is None:
-                denied.append(name)
-                continue
-            org_id, cluster_id = parsed
-            visible = scope.can(org_id) and (
-                cluster_id is None or Cluster.objects.filter(pk=cluster_id, organization_id=org_id).exists()
-            )
-            (allowed if visible else denied).append(name)
+        with scope.active():  # the consumer's entry point: the user's organizations, nothing else
+            for name in names:
+                parsed = parse_group(name)
+                if parsed is None:
+                    denied.append(name)
+                    continue
+                org_id, cluster_id = parsed
+                visible = scope.can(org_id) and (
+                    cluster_id is None or Cluster.objects.filter(pk=cluster_id, organization_id=org_id).exists()
+                )
+                (allowed if visible else denied).append(name)
         return allowed, denied
 
     async def live_events(self, message) -> None:

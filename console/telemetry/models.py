@@ -12,6 +12,8 @@ __all__ = ["TelemetryBatch", "TelemetryRecord"]
 class TelemetryBatch(ClusterOwnedModel):
     """One accepted POST of telemetry; its (node, seq) makes agent retries harmless."""
 
+    tenant_parents = ("node",)
+
     node = models.ForeignKey(
         to="fleet.Node",
         on_delete=models.CASCADE,
@@ -33,11 +35,15 @@ class TelemetryBatch(ClusterOwnedModel):
         ordering = ["node", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["node", "seq"], name="telemetry_telemetrybatch_unique_node_seq"),
+            models.UniqueConstraint(fields=["id", "node", "cluster", "organization"],
+                                    name="telemetry_telemetrybatch_unique_id_placement"),
         ]
 
 
 class TelemetryRecord(ClusterOwnedModel):
     """One aggregated measurement (a probe window, a health summary), not one raw sample."""
+
+    tenant_parents = ("batch", "node")
 
     node = models.ForeignKey(
         to="fleet.Node",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from console.core.models import OrganizationOwnedModel, TimestampedModel
+from console.core.models import OrganizationOwnedModel, TenantOwned, TimestampedModel
 from console.core.tokens import HashedToken
 
 __all__ = ["ApiToken", "Membership", "Organization", "Role", "TokenScope"]
@@ -23,8 +23,12 @@ class Role(models.TextChoices):
         return {cls.VIEWER: 1, cls.OPERATOR: 2, cls.OWNER: 3}.get(role, 0)
 
 
-class Organization(TimestampedModel):
-    """A tenant: a GPU cloud, a platform team, a customer. Owns every domain row."""
+class Organization(TenantOwned, TimestampedModel):
+    """A tenant: a GPU cloud, a platform team, a customer. Owns every domain row, and itself:
+    its queries are scoped like every other tenant-owned row's (a new one is created unscoped,
+    by `console.tenancy.services.create_organization`)."""
+
+    tenant_field = "id"
 
     name = models.CharField(
         verbose_name="name",
@@ -51,7 +55,7 @@ class Organization(TimestampedModel):
         return self.pk
 
 
-class Membership(TimestampedModel):
+class Membership(TenantOwned, TimestampedModel):
     """A user's role in one organization."""
 
     organization = models.ForeignKey(

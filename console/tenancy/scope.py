@@ -1,10 +1,10 @@
-"""Tenant scoping, in one place, failing closed.
+"""What one caller may see and do: for each organization it can reach, the role it holds there.
 
-A `Scope` is what one request may see and do: for each organization it can reach, the role it
-holds there. It is computed once per request from the authenticated principal (a session user
-or an API token) and every user-facing query goes through `Scope.filter`. Anything without a
-scope sees nothing. Code that must work across tenants (Celery tasks, agent endpoints that are
-scoped by the node credential) uses the models' plain managers explicitly and visibly.
+A `Scope` is computed once per request from the authenticated principal (a session user or an
+API token). `scope.active()` makes its organizations the active tenant scope
+(`console.core.scoping`), which every tenant-owned query then obeys: the viewsets, pages and
+websocket consumers enter it at their entry point, so no view filters by hand. Roles decide
+what the caller may *change* (`can`, `require_role` in the views).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from django.db.models import QuerySet
-
+from console.core import scoping
 from console.tenancy.models import ApiToken, Membership, Role, TokenScope
 
 SESSION_ORGANIZATION_KEY = "organization_id"
@@ -34,7 +33,8 @@ class Scope:
     def for_user(cls, user, active_organization_id: int | None = None) -> Scope:
         if user is None or not user.is_authenticated or not user.is_active:
             return cls.empty()
-        roles = dict(Membership.objects.filter(user=user).values_list("organization_id", "role"))
+        with scoping.unscoped("find the organizations of the signed-in user"):
+            roles = dict(Membership.objects.filter(user=user).values_list("organization_id", "role"))
         default = active_organization_id if active_organization_id in roles else None
         if default is None and roles:
             default = min(roles)
@@ -42,11 +42,12 @@ class Scope:
 
     @classmethod
     def for_token(cls, token: ApiToken) -> Scope:
-        role = (
-            Membership.objects.filter(user_id=token.user_id, organization_id=token.organization_id)
-            .values_list("role", flat=True)
-            .first()
-        )
+        with scoping.unscoped("find the role of an API token's creator"):
+            role = (
+                Membership.objects.filter(user_id=token.user_id, organization_id=token.organization_id)
+                .values_list("role", flat=True)
+                .first()
+            )
         if role is None or not token.user.is_active:
             return cls.empty()
         if token.scope == TokenScope.READ:
@@ -83,8 +84,6 @@ class Scope:
     def organization_ids(self, min_role: str = Role.VIEWER) -> list[int]:
         return sorted(org for org, role in self.roles.items() if Role.rank(role) >= Role.rank(min_role))
 
-    def filter(self, queryset: QuerySet, min_role: str = Role.VIEWER, field: str = "organization_id") -> QuerySet:
-        ids = self.organization_ids(min_role)
-        if not ids:
-            return queryset.none()
-        return queryset.filter(**{f"{field}__in": ids})
+    def active(self):
+        """A context in which tenant-owned queries see this caller's organizations, and only those."""
+        return scoping.for_organizations(self.roles)

@@ -1,15 +1,30 @@
-"""Creating organizations with their first owner (used by the management command and the demo)."""
+"""Tenancy's one writer: organizations, members and roles, API tokens.
+
+The REST API, the pages, the demo and `manage.py create_organization` all go through these.
+Organization names and slugs are unique across tenants, so creating an organization checks
+them unscoped; everything else runs in the caller's tenant scope. Errors are domain errors.
+"""
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 from django.utils.text import slugify
 
+from console.core import scoping
+from console.core.errors import Conflict, Invalid
 from console.tenancy.models import ApiToken, Membership, Organization, Role, TokenScope
+
+
+@dataclass(frozen=True)
+class MintedApiToken:
+    token: ApiToken
+    plaintext: str  # shown once, never stored
 
 
 @dataclass(frozen=True)
@@ -20,22 +35,60 @@ class NewOrganization:
     token: str
 
 
-def create_organization(
-    name: str,
-    admin_email: str,
-    *,
-    password: str | None = None,
-    token_name: str = "initial admin token",  # noqa: S107  (a label, not a secret)
-) -> NewOrganization:
-    """Create an organization, its owner (or reuse the user with that email) and a write token."""
+def _free_slug(base: str) -> str:
+    base = base[:90] or "org"
+    slug, n = base, 1
+    while Organization.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def create_organization(name: str, owner, *, slug: str | None = None) -> Organization:
+    """A new organization with `owner` as its owner. Names and slugs are global: taken ones are
+    a Conflict naming the field."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise Invalid("An organization needs a name of 1 to 100 characters.", field="name")
+    with scoping.unscoped("create a new tenant: names and slugs are unique across all of them"):
+        try:
+            with transaction.atomic():
+                if Organization.objects.filter(name=name).exists():
+                    raise Conflict(f"An organization named {name!r} exists.", field="name")
+                if slug is not None:
+                    if Organization.objects.filter(slug=slug).exists():
+                        raise Conflict(f"The slug {slug!r} is taken.", field="slug")
+                else:
+                    slug = _free_slug(slugify(name))
+                organization = Organization.objects.create(name=name, slug=slug)
+                Membership.objects.create(organization=organization, user=owner, role=Role.OWNER)
+        except IntegrityError:  # a concurrent creation took the name or slug first
+            raise Conflict(f"An organization named {name!r} (or with slug {slug!r}) exists.", field="name") from None
+    return organization
+
+
+def rename_organization(organization: Organization, *, name: str | None = None, slug: str | None = None):
+    with scoping.unscoped("rename a tenant: names and slugs are unique across all of them"):
+        others = Organization.objects.exclude(pk=organization.pk)
+        if name is not None:
+            if others.filter(name=name).exists():
+                raise Conflict(f"An organization named {name!r} exists.", field="name")
+            organization.name = name
+        if slug is not None:
+            if others.filter(slug=slug).exists():
+                raise Conflict(f"The slug {slug!r} is taken.", field="slug")
+            organization.slug = slug
+    organization.save()
+    return organization
+
+
+def create_organization_with_admin(name: str, admin_email: str, *, password: str | None = None,
+                                   token_name: str = "initial admin token",  # noqa: S107  (a label)
+                                   ) -> NewOrganization:
+    """An organization, its owner (the user with that email, or a new one) and a write token:
+    what `manage.py create_organization` prints."""
     User = get_user_model()
     with transaction.atomic():
-        base = slugify(name)[:90] or "org"
-        slug, n = base, 1
-        while Organization.objects.filter(slug=slug).exists():
-            n += 1
-            slug = f"{base}-{n}"
-        organization = Organization.objects.create(name=name, slug=slug)
         user = User.objects.filter(email__iexact=admin_email).first()
         created_password = None
         if user is None:
@@ -44,8 +97,56 @@ def create_organization(
         elif password:
             user.set_password(password)
             user.save(update_fields=["password"])
-        Membership.objects.create(organization=organization, user=user, role=Role.OWNER)
-        token = ApiToken(organization=organization, user=user, name=token_name, scope=TokenScope.WRITE)
-        plaintext = token.set_new_secret()
-        token.save()
-    return NewOrganization(organization, created_password is not None, created_password, plaintext)
+        organization = create_organization(name, user)
+        with scoping.for_organization(organization.pk):
+            minted = mint_api_token(organization.pk, user, name=token_name, scope=TokenScope.WRITE)
+    return NewOrganization(organization, created_password is not None, created_password, minted.plaintext)
+
+
+# --- members ------------------------------------------------------------------------------------
+
+def add_member(organization: Organization, email: str, role: str) -> Membership:
+    user = get_user_model().objects.filter(email__iexact=email, is_active=True).first()
+    if user is None:
+        raise Invalid(f"No active user has the address {email!r}.", field="email")
+    if Membership.objects.filter(organization=organization, user=user).exists():
+        raise Conflict(f"{email} is already a member.", field="email")
+    return Membership.objects.create(organization=organization, user=user, role=role)
+
+
+def change_role(membership: Membership, role: str) -> Membership:
+    with transaction.atomic():
+        _keep_an_owner(membership, new_role=role)
+        membership.role = role
+        membership.save(update_fields=["role", "updated"])
+    return membership
+
+
+def remove_member(membership: Membership) -> None:
+    with transaction.atomic():
+        _keep_an_owner(membership, new_role=None)
+        membership.delete()
+
+
+def _keep_an_owner(membership: Membership, new_role) -> None:
+    if membership.role != Role.OWNER or new_role == Role.OWNER:
+        return
+    owners = Membership.objects.select_for_update().filter(organization_id=membership.organization_id, role=Role.OWNER)
+    if not owners.exclude(pk=membership.pk).exists():
+        raise Conflict("An organization needs at least one owner.", field="role")
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+
+def mint_api_token(organization_id: int, user, *, name: str, scope: str = TokenScope.READ,
+                   expires: datetime | None = None) -> MintedApiToken:
+    if expires is not None and expires <= timezone.now():
+        raise Invalid("The expiry must be in the future.", field="expires")
+    token = ApiToken(organization_id=organization_id, user=user, name=name, scope=scope, expires=expires)
+    plaintext = token.set_new_secret()
+    token.save()
+    return MintedApiToken(token, plaintext)
+
+
+def revoke_api_token(token: ApiToken) -> None:
+    token.revoke()

@@ -51,11 +51,13 @@ def map_status(cluster: Cluster, drawing: Layout | None) -> dict:
     nic_health = {row["name"]: row["health"] for row in status.pop("nics")}
     bundles = []
     for bundle in drawing.bundles:
-        members = [(name, link_health.get(name, "unknown")) for name in bundle["links"]]
-        members += [(name, nic_health.get(name, "unknown")) for name in bundle["nics"]]
-        health, counts = summarize_health(h for _, h in members)
-        bad = [name for name, h in members if h in ("down", "degraded")]
-        bundles.append({"name": bundle["id"], "health": health, "counts": counts, "bad": bad[:BUNDLE_BAD_SHOWN],
+        cables = [(name, link_health.get(name, "unknown")) for name in bundle["links"]]
+        nics = [(name, nic_health.get(name, "unknown")) for name in bundle["nics"]]
+        # One color for cables and the NICs at their ends (a NIC down is a path down), counted apart.
+        health, _ = summarize_health(h for _, h in cables + nics)
+        bad = [name for name, h in cables + nics if h in ("down", "degraded")]
+        bundles.append({"name": bundle["id"], "health": health, "counts": summarize_health(h for _, h in cables)[1],
+                        "nic_counts": summarize_health(h for _, h in nics)[1], "bad": bad[:BUNDLE_BAD_SHOWN],
                         "bad_total": len(bad)})
     status["bundles"] = bundles
     return status

@@ -12,7 +12,7 @@ from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
 
-from workers.fabric.layout import Layout
+from workers.fabric.layout import LABEL_PX, NIC_R, Layout
 
 KINDS = ("node", "switch", "nic", "link", "bundle")
 
@@ -26,8 +26,11 @@ def _n(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _short(name: str, length: int) -> str:
-    return name if len(name) <= length else name[: length - 1] + "…"
+# The drawing fills the page's width, scaling by at most this much either way; a drawing too wide
+# to shrink that far keeps its size and the map scrolls (text stays legible either way).
+MIN_SCALE, MAX_SCALE = 0.8, 1.6
+# Monospace, so the layout knows how wide each label is (workers.fabric.layout.label_width).
+LABEL_FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 
 def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -> SafeString:
@@ -37,8 +40,11 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
         return "health-" + health.get(kind, {}).get(name, "unknown")
 
     out = [
-        f'<svg id="fabric-map" xmlns="http://www.w3.org/2000/svg" width="{drawing.width}" height="{drawing.height}" '
-        f'viewBox="0 0 {drawing.width} {drawing.height}" role="group" aria-label="{_e(label)}" '
+        f'<svg id="fabric-map" xmlns="http://www.w3.org/2000/svg" width="100%" '
+        f'viewBox="0 0 {drawing.width} {drawing.height}" preserveAspectRatio="xMidYMin meet" '
+        f'style="min-width:{drawing.width * MIN_SCALE:g}px;max-width:{drawing.width * MAX_SCALE:g}px" '
+        f'font-size="{LABEL_PX}" font-family="{LABEL_FONT}" '
+        f'data-width="{drawing.width}" data-height="{drawing.height}" role="group" aria-label="{_e(label)}" '
         f'data-aggregated="{"true" if drawing.aggregated else "false"}"><title>{_e(label)}</title>'
     ]
     if drawing.aggregated:
@@ -55,7 +61,7 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
                 f'<g class="group group-{g["kind"]}" data-kind="group" data-name="{g["id"]}" '
                 f'data-label="{_e(g["label"])}" data-count="{g["count"]}" tabindex="0" role="button">'
                 f'<rect x="{_n(g["x"])}" y="{_n(g["y"])}" width="{g["w"]}" height="{g["h"]}" rx="4"></rect>'
-                f'<text x="{_n(g["x"] + 5)}" y="{_n(g["y"] + 12)}">{_e(g["short"])}</text>'
+                f'<text class="label" x="{_n(g["x"] + g["w"] / 2)}" y="{_n(g["y"] + 13)}">{_e(g["short"])}</text>'
                 f'<title>{_e(g["label"])}</title></g>'
             )
         out.append('</g><g class="cells">')
@@ -83,7 +89,7 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
                 f'<g class="switch {h("switch", s["name"])}" data-kind="switch" data-name="{_e(s["name"])}" '
                 f'data-tier="{_e(s["tier"])}" tabindex="0" role="button">'
                 f'<rect x="{_n(s["x"])}" y="{_n(s["y"])}" width="{s["w"]}" height="{s["h"]}" rx="4"></rect>'
-                f'<text x="{_n(s["x"] + 4)}" y="{_n(s["y"] + 15)}">{_e(_short(s["name"], 13))}</text>'
+                f'<text class="label" x="{_n(s["x"] + s["w"] / 2)}" y="{_n(s["y"] + 16)}">{_e(s["name"])}</text>'
                 f'<title>{_e(s["name"])} ({_e(s["tier"] or "switch")})</title></g>'
             )
         out.append('</g><g class="hosts">')
@@ -92,13 +98,13 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
                 f'<g class="host {h("node", host["name"])}" data-kind="node" data-name="{_e(host["name"])}" '
                 f'tabindex="0" role="button">'
                 f'<rect x="{_n(host["x"])}" y="{_n(host["y"])}" width="{host["w"]}" height="{host["h"]}" rx="3"></rect>'
-                f'<text x="{_n(host["x"] + 3)}" y="{_n(host["y"] + 28)}">{_e(_short(host["name"], 9))}</text>'
+                f'<text class="label" x="{_n(host["x"] + host["w"] / 2)}" y="{_n(host["y"] + 29)}">{_e(host["name"])}</text>'
                 f'<title>{_e(host["name"])}</title></g>'
             )
         for nic in drawing.nics:
             out.append(
                 f'<circle class="nic {h("nic", nic["name"])}" data-kind="nic" data-name="{_e(nic["name"])}" '
-                f'data-host="{_e(nic["host"])}" cx="{_n(nic["x"])}" cy="{_n(nic["y"])}" r="4">'
+                f'data-host="{_e(nic["host"])}" cx="{_n(nic["x"])}" cy="{_n(nic["y"])}" r="{NIC_R}">'
                 f'<title>{_e(nic["name"])}</title></circle>'
             )
         out.append("</g>")

@@ -1,25 +1,26 @@
-"""Browser pages: thin views over the same scoped queries as the API.
+"""Browser pages: thin views over the services, in the signed-in user's tenant scope.
 
-Every object is looked up through the request's `Scope`, so another organization's cluster,
-token or status answers 404 exactly like one that does not exist. Writes need the operator role
-in the object's organization; a forged POST without it answers 403 and changes nothing.
+`tenant_view` enters the user's organizations as the tenant scope for the whole view, page
+rendering included, so another organization's cluster, token or status answers 404 exactly like
+one that does not exist. Writes need the operator role in the object's organization; a forged
+POST without it answers 403 and changes nothing. Domain errors become messages on the page.
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.fleet.events import cluster_changed
+from console.core.errors import DomainError
+from console.fleet import services
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
 from console.live.groups import cluster_group, organization_group
@@ -31,8 +32,23 @@ from console.web.svg import render_map
 TOKENS_SHOWN = 20
 
 
+def tenant_view(view):
+    """A page for signed-in users, run in their tenant scope (see the module docstring)."""
+
+    @login_required
+    @functools.wraps(view)
+    def scoped(request, *args, **kwargs):
+        with Scope.for_request(request).active():
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()
+            return response
+
+    return scoped
+
+
 def _cluster_or_404(request, pk: int) -> Cluster:
-    cluster = Scope.for_request(request).filter(Cluster.objects.all()).filter(pk=pk).first()
+    cluster = Cluster.objects.filter(pk=pk).first()
     if cluster is None:
         raise Http404("No such cluster.")
     return cluster
@@ -48,12 +64,12 @@ def healthz(request):
     return HttpResponse("ok", content_type="text/plain")
 
 
-@login_required
+@tenant_view
 def home(request):
     return redirect("clusters")
 
 
-@login_required
+@tenant_view
 @require_POST
 def switch_organization(request):
     scope = Scope.for_request(request)
@@ -67,7 +83,7 @@ def switch_organization(request):
     return redirect("clusters")
 
 
-@login_required
+@tenant_view
 @require_http_methods(["GET", "HEAD", "POST"])
 def clusters(request):
     scope = Scope.for_request(request)
@@ -78,37 +94,27 @@ def clusters(request):
         _require_operator(request, org_id)
         return _create_cluster(request, org_id)
     rows = list(Cluster.objects.filter(organization_id=org_id)) if org_id else []
-    counts: dict[int, dict[str, int]] = {}
-    for row in Node.objects.filter(cluster__in=rows).values("cluster_id", "state").annotate(n=Count("id")):
-        per_cluster = counts.setdefault(row["cluster_id"], {"total": 0})
-        per_cluster[row["state"]] = row["n"]
-        per_cluster["total"] += row["n"]
+    counts = services.node_counts_by_state([c.pk for c in rows])
     # The organization's group hears of clusters created, changed or deleted, and of node counts moving.
     live_groups = [organization_group(org_id)] if org_id else []
     return render(request, "web/clusters.html", {
-        "clusters": [(c, counts.get(c.pk, {})) for c in rows],
+        "clusters": [(c, counts[c.pk]) for c in rows],
         "can_write": scope.can(org_id, Role.OPERATOR),
         "live_groups": live_groups,
     })
 
 
 def _create_cluster(request, org_id: int):
-    name = request.POST.get("name", "").strip()
-    if not name or len(name) > 100:
-        messages.error(request, "A cluster needs a name of 1 to 100 characters.")
-        return redirect("clusters")
     try:
-        with transaction.atomic():
-            cluster = Cluster.objects.create(organization_id=org_id, name=name)
-            cluster_changed(org_id, cluster.pk)
-    except IntegrityError:
-        messages.error(request, f"A cluster named {name!r} already exists.")
+        cluster = services.create_cluster(org_id, request.POST.get("name", ""))
+    except DomainError as exc:
+        messages.error(request, exc.detail)
         return redirect("clusters")
-    messages.success(request, f"Cluster {name!r} created.")
+    messages.success(request, f"Cluster {cluster.name!r} created.")
     return redirect("cluster", pk=cluster.pk)
 
 
-@login_required
+@tenant_view
 @require_http_methods(["GET", "HEAD", "POST"])
 def cluster(request, pk: int):
     cluster = _cluster_or_404(request, pk)
@@ -127,6 +133,8 @@ def cluster(request, pk: int):
         "drawing": drawing,
         "can_write": Scope.for_request(request).can(cluster.organization_id, Role.OPERATOR),
         "created_token": created_token,
+        "token_ttl_hours": int(services.ENROLLMENT_TOKEN_TTL.total_seconds() // 3600),
+        "token_max_ttl_hours": int(services.ENROLLMENT_TOKEN_MAX_TTL.total_seconds() // 3600),
         "tokens": EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")[:TOKENS_SHOWN],
         "live_groups": [cluster_group(cluster.organization_id, cluster.pk)],
         "status": status,
@@ -139,27 +147,26 @@ def cluster(request, pk: int):
 
 def _create_enrollment_token(request, cluster: Cluster) -> dict | None:
     try:
-        hours = int(request.POST.get("expires_hours", "24"))
+        hours = request.POST.get("expires_hours", "").strip()
+        lifetime = timedelta(hours=int(hours)) if hours else None
         max_uses = request.POST.get("max_uses", "").strip()
-        max_uses = int(max_uses) if max_uses else None
-    except ValueError:
+        max_uses = int(max_uses) if max_uses else services.ENROLLMENT_TOKEN_MAX_USES
+    except (ValueError, OverflowError):
         messages.error(request, "Expiry and maximum uses must be whole numbers.")
         return None
-    if not 1 <= hours <= 24 * 365 or (max_uses is not None and max_uses < 1):
-        messages.error(request, "Expiry must be 1 hour to 1 year, and maximum uses at least 1.")
+    try:
+        minted = services.mint_enrollment_token(
+            cluster, created_by=request.user, description=request.POST.get("description", "").strip(),
+            lifetime=lifetime, max_uses=max_uses,
+        )
+    except DomainError as exc:
+        messages.error(request, exc.detail)
         return None
-    token = EnrollmentToken(
-        organization_id=cluster.organization_id, cluster=cluster, created_by=request.user,
-        description=request.POST.get("description", "").strip()[:200],
-        expires=timezone.now() + timedelta(hours=hours), max_uses=max_uses,
-    )
-    plaintext = token.set_new_secret()
-    token.save()
-    return {"token": plaintext, "install_command": install_command(request, plaintext), "expires": token.expires,
-            "prefix": token.prefix_display}
+    return {"token": minted.plaintext, "install_command": install_command(request, minted.plaintext),
+            "expires": minted.token.expires, "prefix": minted.token.prefix_display}
 
 
-@login_required
+@tenant_view
 @require_POST
 def revoke_enrollment_token(request, pk: int, token_pk: int):
     cluster = _cluster_or_404(request, pk)
@@ -167,15 +174,14 @@ def revoke_enrollment_token(request, pk: int, token_pk: int):
     if token is None:
         raise Http404("No such enrollment token.")
     _require_operator(request, cluster.organization_id)
-    if token.is_revoked:
+    if not services.revoke_enrollment_token(token):
         messages.info(request, f"Token {token.prefix_display} was already revoked.")
     else:
-        token.revoke()
         messages.success(request, f"Token {token.prefix_display} revoked: agents can no longer enroll with it.")
     return redirect("cluster", pk=cluster.pk)
 
 
-@login_required
+@tenant_view
 @require_GET
 def cluster_status_json(request, pk: int):
     cluster = _cluster_or_404(request, pk)

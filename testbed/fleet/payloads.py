@@ -92,15 +92,19 @@ def health(rng: random.Random, gpus: int, rails: int, uptime_s: float) -> dict:
 
 
 def telemetry_records(rng: random.Random, count: int, rails: int) -> list[dict]:
-    """`count` records of the kinds agents post: host metrics and per-NIC counters."""
+    """`count` records of kinds the console knows (console/telemetry/builtin.py): a short host
+    health summary, and NCCL path states the agent forwards from the plugin (`event.nccl.path_state`)."""
     now = time.time()
     records = []
     for k in range(count):
         if k % 4 == 0:
-            records.append({"kind": "node.metrics", "ts": now,
-                            "data": {"load1": round(rng.uniform(0.1, 4.0), 2), "mem_used_pct": rng.randint(10, 90)}})
+            records.append({"kind": "node.health", "ts": now,
+                            "data": {"load1": round(rng.uniform(0.1, 4.0), 2),
+                                     "memory_available_bytes": int(MEMORY_BYTES * rng.uniform(0.3, 0.9)),
+                                     "ok": True, "problems": []}})
         else:
-            records.append({"kind": "nic.counters", "ts": now,
-                            "data": {"device": f"nic{k % max(rails, 1)}", "rx_bytes": rng.randint(0, 1 << 40),
-                                     "tx_bytes": rng.randint(0, 1 << 40), "rx_errors": 0, "tx_errors": 0}})
+            records.append({"kind": "event.nccl.path_state", "ts": now,
+                            "data": {"nic": f"nic{k % max(rails, 1)}", "state": "up",
+                                     "rx_bytes": rng.randint(0, 1 << 40), "tx_bytes": rng.randint(0, 1 << 40),
+                                     "errors": 0}})
     return records

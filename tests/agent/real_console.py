@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from console.commands import wakeup
 from console.commands.models import Command, CommandState
-from console.fleet import lifecycle
+from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Node, NodeCredential
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
 from console.tenancy.models import Organization
@@ -60,7 +60,7 @@ class RealConsole:
         assert self.server is None, "the console is already running"
         self.starts += 1
         self.server = Process(
-            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", self.host, "--port",
+            [sys.executable, "-m", "uvicorn", "tests.agent.console_app:application", "--host", self.host, "--port",
              str(self.port), "--lifespan", "off", "--timeout-graceful-shutdown", "1"],
             process_env(**self.env), self.log_dir / f"console-{self.starts}.log",
         )
@@ -81,12 +81,8 @@ class RealConsole:
         return self.cluster if cluster_id is None else Cluster.objects.get(pk=cluster_id)
 
     def create_token(self, cluster_id: int | None = None, expires_in_s: float = 3600, max_uses=None) -> str:
-        cluster = self._cluster(cluster_id)
-        token = EnrollmentToken(organization=cluster.organization, cluster=cluster, max_uses=max_uses,
-                                expires=timezone.now() + timedelta(seconds=expires_in_s))
-        plaintext = token.set_new_secret()
-        token.save()
-        return plaintext
+        return fleet_services.mint_enrollment_token(self._cluster(cluster_id), max_uses=max_uses,
+                                                    lifetime=timedelta(seconds=expires_in_s)).plaintext
 
     def revoke_token(self, token: str) -> None:
         EnrollmentToken.objects.filter(pk=EnrollmentToken.lookup(token).pk).update(revoked_at=timezone.now())
@@ -104,7 +100,7 @@ class RealConsole:
         NodeCredential.objects.filter(node_id=node_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
     def retire(self, node_id: int) -> None:
-        lifecycle.retire(Node.objects.get(pk=node_id))
+        fleet_services.retire(Node.objects.get(pk=node_id))
 
     def node(self, node_id: int) -> Node:
         return Node.objects.get(pk=node_id)

@@ -146,7 +146,7 @@ def short_dir():
 def test_activity_commands_and_local_socket_events_against_the_real_console(real_console, start_daemon, tmp_path,
                                                                             short_dir):
     from agent.localsock.client import AgentSocket
-    from console.commands import dispatch
+    from console.commands import services as command_services
     from console.fleet.models import Node
 
     console = real_console
@@ -157,7 +157,7 @@ def test_activity_commands_and_local_socket_events_against_the_real_console(real
     log = tmp_path / "ticker.log"
 
     # through the console's own validation: it stamps the revision
-    command, _ = dispatch.issue_command(Node.objects.get(pk=node), "activity.set",
+    command, _ = command_services.issue_command(Node.objects.get(pk=node), "activity.set",
                                         {"name": "test.ticker", "args": {"path": str(log), "label": "rc"}})
     assert command.args["revision"] > 0
     wait_for(lambda: done(console, str(command.pk)), 20, "activity.set")

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.test import Client
 
-from console.commands import dispatch
+from console.commands import services as command_services
 from console.commands.models import Command
 from tests.factories import make_fleet
 
@@ -33,9 +33,9 @@ def test_an_operator_starts_an_activity_and_the_console_stamps_a_revision(world,
     assert command.args["name"] == "probe.mesh" and command.args["state"] == "running"
     assert command.args["args"] == {"peers": ["node1/nic0"], "interval_s": 0.5}
     assert before <= command.args["revision"] <= time.time_ns()
-    later, _ = dispatch.issue_command(fleet.node, "activity.set", {"name": "probe.mesh", "state": "stopped"})
+    later, _ = command_services.issue_command(fleet.node, "activity.set", {"name": "probe.mesh", "state": "stopped"})
     assert later.args["revision"] > command.args["revision"]  # issued later: it wins on the agent
-    kept, _ = dispatch.issue_command(fleet.node, "activity.set", {"name": "clock.sync", "revision": 12})
+    kept, _ = command_services.issue_command(fleet.node, "activity.set", {"name": "clock.sync", "revision": 12})
     assert kept.args == {"name": "clock.sync", "state": "running", "revision": 12}
 
 

@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from console.fleet.models import Cluster, EnrollmentToken, Node, NodeCredential, NodeState
-from console.fleet.topology_io import import_topology
+from console.fleet.services import import_topology
 from tests.factories import make_enrollment_token, small_topology
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 import pytest
 
-from console.fleet import lifecycle
+from console.fleet import services as fleet_services
 from console.fleet.models import Node
 from tests.factories import make_fleet
 
@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db
 
 def test_lists_filter_by_state_cluster_and_topology_and_paginate(world):
     fleet = make_fleet(world.acme)
-    lifecycle.mark_seen(fleet.node)
+    fleet_services.mark_seen(fleet.node)
     client = world.client("bob", scope="read")
     ready = client.get("/api/v1/nodes/", {"state": "ready"}).json()
     assert [n["name"] for n in ready["results"]] == [fleet.node.name]

@@ -10,7 +10,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connections, transaction
 
-from console.fleet import lifecycle
+from console.fleet import services as fleet_services
 from console.live.consumers import LiveConsumer
 from console.live.groups import cluster_group, organization_group, parse_group
 from console.live.publish import outbox, publish
@@ -91,7 +91,7 @@ async def test_a_member_hears_a_change_and_an_outsider_is_denied_and_hears_nothi
     await charlie.send_json_to({"subscribe": [acme_group, organization_group(world.acme.pk)]})
     assert (await charlie.receive_json_from())["groups"] == []
 
-    await sync_to_async(lifecycle.drain)(fleet.node)  # commits: the event goes out after the commit
+    await sync_to_async(fleet_services.drain)(fleet.node)  # commits: the event goes out after the commit
     heard = []
     while not any(e["kind"] == "node" and e["data"]["state"] == "draining" for e in heard):
         message = await bob.receive_json_from(timeout=3)

@@ -30,6 +30,6 @@ def test_create_organization_refuses_bad_input_and_changes_nothing():
     with pytest.raises(CommandError, match="not an email address"):
         call_command("create_organization", "Initech", "--admin-email", "nope", stdout=io.StringIO())
     call_command("create_organization", "Initech", "--admin-email", "a@initech.test", stdout=io.StringIO())
-    with pytest.raises(CommandError, match="already exists"):
+    with pytest.raises(CommandError, match="named 'Initech' exists"):
         call_command("create_organization", "Initech", "--admin-email", "b@initech.test", stdout=io.StringIO())
     assert Organization.objects.count() == 1

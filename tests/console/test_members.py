@@ -20,9 +20,9 @@ def test_an_owner_adds_changes_and_removes_members(world, django_user_model):
 def test_adding_an_unknown_or_existing_member_names_the_problem(world):
     alice = world.client("alice")
     unknown = alice.post("/api/v1/members/", {"organization": world.acme.pk, "email": "nobody@x.test"}, format="json")
-    assert unknown.status_code == 400 and "no active user" in unknown.json()["fields"]["email"]
+    assert unknown.status_code == 400 and "No active user" in unknown.json()["fields"]["email"]
     again = alice.post("/api/v1/members/", {"organization": world.acme.pk, "email": "bob@example.test"}, format="json")
-    assert again.status_code == 400 and "already a member" in again.json()["fields"]["email"]
+    assert again.status_code == 409 and "already a member" in again.json()["fields"]["email"]
 
 
 def test_an_operator_cannot_manage_members(world):
@@ -36,8 +36,8 @@ def test_the_last_owner_can_be_neither_demoted_nor_removed(world):
     alice = world.client("alice")
     own = Membership.objects.get(user=world.users["alice"])
     demote = alice.patch(f"/api/v1/members/{own.pk}/", {"role": "viewer"}, format="json")
-    assert demote.status_code == 400 and "at least one owner" in demote.json()["detail"]
-    assert alice.delete(f"/api/v1/members/{own.pk}/").status_code == 400
+    assert demote.status_code == 409 and "at least one owner" in demote.json()["fields"]["role"]
+    assert alice.delete(f"/api/v1/members/{own.pk}/").status_code == 409
     assert Membership.objects.get(pk=own.pk).role == Role.OWNER
 
 

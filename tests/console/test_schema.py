@@ -24,3 +24,15 @@ def test_the_docs_page_loads_its_assets_from_this_console_not_a_cdn(world):
     html = response.content.decode()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in html
     assert "cdn" not in html.lower()
+
+
+def test_the_browsable_api_renders_its_forms_in_the_callers_scope(world):
+    from tests.factories import make_fleet
+
+    make_fleet(world.acme, "acme-cluster")
+    make_fleet(world.globex, "globex-cluster")
+    response = world.session("alice").get("/api/v1/commands/", HTTP_ACCEPT="text/html")
+    assert response.status_code == 200
+    html = response.content.decode()
+    # The form's node choices (rendered after the view returned) are Acme's nodes, not Globex's.
+    assert "acme-node0" in html and "globex-node0" not in html

@@ -14,9 +14,10 @@ from api.agent import views
 from console.core.asyncdb import LoopSlots
 from console.fleet.models import Node
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
+from tests.conftest import TEST_KIND
 from tests.factories import make_fleet
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("test_telemetry_kind")]
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def _post(fleet, body, raw: bytes | None = None):
     )
 
 
-def _records(n, kind="probe.window"):
+def _records(n, kind=TEST_KIND):
     return [{"kind": kind, "ts": 1796403600.0 + i, "data": {"i": i}} for i in range(n)]
 
 
@@ -40,7 +41,7 @@ def test_a_batch_is_stored_and_a_retry_of_it_is_not(fleet):
     assert first.status_code == 202 and first.json() == {"accepted": 3}
     retry = _post(fleet, {"seq": 2, "records": _records(3), "dropped": 4})
     assert retry.status_code == 200 and retry.json() == {"accepted": 0, "duplicate": True}
-    assert TelemetryRecord.objects.filter(node=fleet.node, kind="probe.window").count() == 3
+    assert TelemetryRecord.objects.filter(node=fleet.node, kind=TEST_KIND).count() == 3
     node = Node.objects.get(pk=fleet.node.pk)
     assert node.telemetry_dropped == 4 and node.telemetry_seq == 2
 
@@ -69,8 +70,13 @@ def test_too_many_records_are_refused_with_413(fleet, settings):
         ({"seq": 0, "records": []}, "seq"),
         ({"seq": 5, "records": {}}, "records"),
         ({"seq": 5, "records": [{"kind": "Bad Kind", "ts": 1.0, "data": {}}]}, "records[0].kind"),
-        ({"seq": 5, "records": [*_records(2), {"kind": "x", "ts": "yesterday", "data": {}}]}, "records[2].ts"),
-        ({"seq": 5, "records": [{"kind": "x", "ts": 1796403600, "data": [1, 2]}]}, "records[0].data"),
+        ({"seq": 5, "records": [*_records(2), {"kind": TEST_KIND, "ts": "yesterday", "data": {}}]}, "records[2].ts"),
+        ({"seq": 5, "records": [*_records(1), {"kind": TEST_KIND, "ts": "2026-02-30T00:00:00Z", "data": {}}]},
+         "records[1].ts"),
+        ({"seq": 5, "records": [{"kind": TEST_KIND, "ts": 1796403600, "data": [1, 2]}]}, "records[0].data"),
+        ({"seq": 5, "records": [*_records(1), {"kind": "no.such.kind", "ts": 1796403600, "data": {}}]},
+         "records[1].kind"),
+        ({"seq": 2**63, "records": []}, "seq"),
         ({"seq": 5, "dropped": -1, "records": []}, "dropped"),
     ],
 )
@@ -94,8 +100,8 @@ def test_telemetry_needs_a_node_credential(fleet):
 
 
 def test_tenants_read_their_telemetry_filtered_by_kind(world, fleet):
-    _post(fleet, {"seq": 9, "records": _records(2, kind="clock.offset")})
-    rows = world.client("bob").get("/api/v1/telemetry/", {"kind": "clock.offset"}).json()["results"]
+    _post(fleet, {"seq": 9, "records": _records(3, kind="node.health") + _records(2)})
+    rows = world.client("bob").get("/api/v1/telemetry/", {"kind": TEST_KIND}).json()["results"]
     assert len(rows) == 2 and {r["seq"] for r in rows} == {9}
 
 

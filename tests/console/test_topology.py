@@ -49,7 +49,7 @@ def test_re_importing_keeps_ids_and_reports_nothing_changed(cluster, topology_do
 
 def test_a_smaller_topology_removes_what_it_no_longer_names_but_keeps_enrolled_nodes(cluster, topology_doc):
     import_topology(cluster, topology_doc)
-    from console.fleet.enrollment import enroll
+    from console.fleet.services import enroll
 
     enroll(make_enrollment_token(cluster), {"hostname": "node3", "machine_id": "m3"})
     smaller = copy.deepcopy(topology_doc)
@@ -97,15 +97,15 @@ def test_each_kind_of_invalid_document_is_refused_naming_the_problem_and_nothing
                                          _broken(topology_doc, mutate), format="json")
     assert response.status_code == 400
     body = response.json()
-    assert body["error"] == "invalid_topology"
-    assert any(message in error for error in body["errors"]), body["errors"]
+    assert body["error"] == "invalid" and "nothing changed" in body["detail"]
+    assert any(message in f"{field}: {problem}" for field, problem in body["fields"].items()), body["fields"]
     assert (_counts(cluster), export_topology(cluster)) == before
 
 
 def test_every_problem_is_listed_at_once(world, cluster, topology_doc):
     doc = _broken(topology_doc, lambda d: (d["nics"][0].update(host="ghost"), d["links"][1].update(a="nowhere")))
     body = world.client("carol").put(f"/api/v1/clusters/{cluster.pk}/topology/", doc, format="json").json()
-    assert len(body["errors"]) == 2
+    assert set(body["fields"]) == {"nics[0].host", "links[1].a"}, body["fields"]
 
 
 def test_a_document_that_is_not_an_object_is_refused(world, cluster):
@@ -133,8 +133,7 @@ def test_the_management_commands_import_and_export(cluster, tmp_path, capsys):
 
 
 def test_nics_an_agent_reported_are_adopted_by_the_topology(cluster, topology_doc):
-    from console.fleet.enrollment import enroll
-    from console.fleet.inventory import apply_inventory
+    from console.fleet.services import apply_inventory, enroll
     from tests.factories import inventory_doc
 
     enrolled = enroll(make_enrollment_token(cluster), {"hostname": "node0", "machine_id": "m0"})

@@ -11,8 +11,8 @@ import re
 import pytest
 from django.test import Client
 
-from console.fleet.lifecycle import mark_seen
 from console.fleet.models import Cluster, EnrollmentToken, Link, Node, NodeState
+from console.fleet.services import mark_seen
 from console.tenancy.models import Membership, Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY
 from console.web import maps
@@ -217,6 +217,20 @@ def test_an_operator_creates_an_enrollment_token_and_sees_the_install_command_on
     assert token.prefix_display in later and match.group(1) not in later and "install-command" not in later
 
 
+def test_the_page_and_the_api_give_enrollment_tokens_the_same_default_lifetime(world, fleets):
+    from console.fleet.services import ENROLLMENT_TOKEN_TTL
+
+    cluster = fleets["acme"].cluster
+    form = page(world, "carol").get(f"/clusters/{cluster.pk}/").content.decode()
+    default_hours = re.search(r'name="expires_hours"[^>]*value="(\d+)"', form).group(1)
+    assert int(default_hours) * 3600 == ENROLLMENT_TOKEN_TTL.total_seconds()
+    by_page = page(world, "carol").post(f"/clusters/{cluster.pk}/", {"expires_hours": default_hours})
+    by_api = world.client("carol").post(f"/api/v1/clusters/{cluster.pk}/enrollment-tokens/", {}, format="json")
+    assert by_page.status_code == 201 and by_api.status_code == 201
+    for token in EnrollmentToken.objects.filter(cluster=cluster).order_by("-pk")[:2]:
+        assert abs((token.expires - token.created) - ENROLLMENT_TOKEN_TTL).total_seconds() < 60
+
+
 def test_bad_token_parameters_create_nothing(world, fleets):
     cluster = fleets["acme"].cluster
     before = EnrollmentToken.objects.count()
@@ -279,7 +293,7 @@ def test_a_fabric_above_the_threshold_is_drawn_aggregated(world, fleets, monkeyp
 def test_the_9216_gpu_fabric_page_stays_small(world):
     """The real large fabric (23,616 cables): an aggregated page of bounded size, and a
     status JSON summarized per bundle instead of 33k rows."""
-    from console.fleet.topology_io import import_topology
+    from console.fleet.services import import_topology
     from testbed.simulate.topology import PRESETS, generate_topology
 
     cluster = Cluster.objects.create(organization=world.acme, name="big")

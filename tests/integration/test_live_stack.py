@@ -12,7 +12,7 @@ import requests
 import websockets
 from django.test import Client
 
-from console.commands import dispatch
+from console.commands import services as command_services
 from console.commands.models import Command
 from console.fleet.models import Node, NodeState
 from tests.conftest import World, needs_redis
@@ -85,7 +85,7 @@ def _poll(base, credential, wait, out, key):
 
 def test_a_long_poll_returns_as_soon_as_a_command_is_queued(world, live_console):
     fleet = make_fleet(world.acme)
-    dispatch.claim(fleet.node.pk, 10)  # the fixture's command is out of the way
+    command_services.claim(fleet.node.pk, 10)  # the fixture's command is out of the way
     out: dict = {}
     poller = threading.Thread(target=_poll, args=(live_console, fleet.credential, 25, out, "poll"))
     poller.start()
@@ -102,7 +102,7 @@ def test_a_long_poll_returns_as_soon_as_a_command_is_queued(world, live_console)
 def test_two_concurrent_long_polls_of_a_node_never_receive_the_same_command(world, live_console):
     fleet = make_fleet(world.acme)
     for i in range(60):
-        dispatch.issue_command(fleet.node, "node.health", idempotency_key=f"c{i}")
+        command_services.issue_command(fleet.node, "node.health", idempotency_key=f"c{i}")
     seen: list[str] = []
     lock = threading.Lock()
 
@@ -127,12 +127,12 @@ def test_two_concurrent_long_polls_of_a_node_never_receive_the_same_command(worl
 @needs_redis
 def test_a_command_queued_in_another_process_wakes_the_poll_through_redis(world, live_console):
     fleet = make_fleet(world.acme)
-    dispatch.claim(fleet.node.pk, 10)
+    command_services.claim(fleet.node.pk, 10)
     out: dict = {}
     poller = threading.Thread(target=_poll, args=(live_console, fleet.credential, 25, out, "poll"))
     poller.start()
     time.sleep(1.0)
-    command, _ = dispatch.issue_command(fleet.node, "node.health")  # this test process, not the server
+    command, _ = command_services.issue_command(fleet.node, "node.health")  # this test process, not the server
     poller.join(30)
     elapsed, _, body = out["poll"]
     assert [c["id"] for c in body["commands"]] == [str(command.pk)]

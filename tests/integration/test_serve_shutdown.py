@@ -10,8 +10,8 @@ import threading
 import pytest
 import requests
 
-from console.fleet.enrollment import enroll
 from console.fleet.models import Cluster, Node, NodeState
+from console.fleet.services import enroll
 from console.tenancy.models import Organization
 from tests.factories import make_enrollment_token
 from tests.integration.conftest import Process, free_port, process_env, wait_until

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from console.fleet.inventory import validate_inventory
-from console.telemetry.ingest import parse_batch
+from console.fleet.services import validate_inventory
+from console.telemetry.services import parse_batch
 from testbed.fleet import FleetConfig, Histogram, payloads
 
 

@@ -32,6 +32,64 @@ def small(extra_switches=(), extra_links=()):
     return parse_topology(doc)
 
 
+def demo_fabric(hosts=8, rails=2):
+    """The demo's fabric: 8 hosts x 2 rails, 4 leaves, 2 spines (`make demo`)."""
+    from testbed.topogen import generate
+
+    return parse_topology(generate(hosts=hosts, rails=rails, hosts_per_leaf=max(1, hosts // 2), spines=2))
+
+
+def _overlap(a, b) -> bool:
+    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+
+
+# --- legibility ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("hosts", "rails"), [(8, 2), (4, 1), (16, 4), (2, 8)])
+def test_every_name_fits_its_box_and_no_two_boxes_overlap(hosts, rails):
+    drawing = L.layout(demo_fabric(hosts, rails))
+    assert not drawing.aggregated
+    boxes = drawing.hosts + drawing.switches
+    for box in boxes:
+        assert L.label_width(box["name"]) + 2 * L.LABEL_PAD <= box["w"] + 0.01, box
+        assert box["x"] >= 0 and box["x"] + box["w"] <= drawing.width
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not _overlap(a, b), (a["name"], b["name"])
+    for nic in drawing.nics:  # every NIC inside its host
+        host = next(h for h in drawing.hosts if h["name"] == nic["host"])
+        assert host["x"] < nic["x"] - L.NIC_R and nic["x"] + L.NIC_R < host["x"] + host["w"]
+
+
+def test_a_small_fabric_is_spread_over_the_page_width_and_its_leaves_sit_above_their_hosts():
+    drawing = L.layout(demo_fabric())
+    assert drawing.width >= L.MIN_WIDTH
+    hosts = {h["name"]: h for h in drawing.hosts}
+    assert hosts["node0007"]["x"] + hosts["node0007"]["w"] > 0.9 * drawing.width
+    center = {s["name"]: s["x"] + s["w"] / 2 for s in drawing.switches}
+    # su00 serves node0000..3 (the left half), su01 node0004..7
+    assert max(center["leaf-su00-r0"], center["leaf-su00-r1"]) < hosts["node0004"]["x"]
+    assert min(center["leaf-su01-r0"], center["leaf-su01-r1"]) > hosts["node0003"]["x"] + hosts["node0003"]["w"]
+
+
+def test_boxes_of_a_row_keep_their_order_stay_apart_and_center_on_their_target_when_there_is_room():
+    xs = L.place_in_row([50, 50, 50], [100, 105, 400], 0, 500, 10)
+    assert xs[0] == 75 and xs[1] == xs[0] + 60 and xs[2] == 375
+    crowded = L.place_in_row([100, 100, 100], [490, 490, 490], 0, 320, 10)
+    assert crowded == [0, 110, 220]  # pushed back from the right edge, in order, 10 apart
+
+
+def test_the_1024_gpu_fabric_gets_cells_big_enough_to_click_and_labels_that_fit():
+    drawing = L.layout(fabric("gpu1024"))
+    assert {c["w"] for c in drawing.hosts} == {L.CELL_SIZES[0]}
+    large = L.layout(fabric("gpu9216"))  # as wide as its 36 leaf groups' labels need, no wider
+    assert large.width < 36 * (L.label_width("leaf-su00-r0–leaf-su00-r7") + 2 * L.GROUP_PAD + L.GROUP_GAP) + 100
+    for group in drawing.groups + large.groups:
+        assert L.label_width(group["short"]) + 2 * L.GROUP_PAD <= group["w"] + 0.01, group["short"]
+    assert {g["short"] for g in drawing.groups if g["level"] == 0} >= {"node0000–node0031"}
+
+
 # --- layers -------------------------------------------------------------------------------------
 
 
@@ -64,7 +122,7 @@ def test_full_layout_stacks_layers_and_orders_switches_above_their_hosts():
 
 def test_every_cable_has_coordinates_that_meet_its_ends():
     topo = fabric("example")
-    drawing = L.layout(topo)
+    drawing = L.full_layout(topo)
     assert not drawing.aggregated
     assert [link["id"] for link in drawing.links] == [link.id for link in topo.links]
     nic_at = {n["name"]: (n["x"], n["y"]) for n in drawing.nics}
@@ -90,7 +148,10 @@ def test_the_threshold_chooses_the_drawing():
     topo = small()
     assert not L.layout(topo, full_max_links=len(topo.links)).aggregated
     assert L.layout(topo, full_max_links=len(topo.links) - 1).aggregated
-    assert not fabric("gpu1024").links or not L.layout(fabric("gpu1024")).aggregated  # 2,048 cables: full
+    assert not L.layout(demo_fabric()).aggregated
+    # 1,024 GPUs: 2,048 cables would do, but a full drawing would be far too wide to use
+    assert L.full_layout(fabric("gpu1024")).width > 6 * L.FULL_MAX_WIDTH
+    assert L.layout(fabric("gpu1024")).aggregated
     assert L.layout(fabric("gpu2048-3tier")).aggregated  # 4,608 cables
 
 

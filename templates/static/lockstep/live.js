@@ -231,8 +231,12 @@
     } else if (kind === "nic") {
       fields.push(["Host", el.dataset.host]);
     } else if (kind === "bundle") {
+      var byHealth = function (counts) {
+        return Object.keys(counts).sort().map(function (h) { return counts[h] + " " + h; }).join(", ");
+      };
       fields.push(["Cables", el.dataset.count]);
-      if (row.counts) fields.push(["By health", Object.keys(row.counts).sort().map(function (h) { return row.counts[h] + " " + h; }).join(", ")]);
+      if (row.counts) fields.push(["Cables by health", byHealth(row.counts)]);
+      if (row.nic_counts && Object.keys(row.nic_counts).length) fields.push(["NICs by health", byHealth(row.nic_counts)]);
       if (row.bad && row.bad.length) {
         var more = row.bad_total > row.bad.length ? " and " + (row.bad_total - row.bad.length) + " more" : "";
         fields.push(["Unhealthy", row.bad.join(", ") + more]);

@@ -3,9 +3,10 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from console.core import scoping
+from console.core.errors import DomainError
+from console.fleet import services
 from console.fleet.models import Cluster
-from console.fleet.topology_io import import_topology
-from workers.fabric.topology import TopologyError
 
 
 class Command(BaseCommand):
@@ -16,7 +17,8 @@ class Command(BaseCommand):
         parser.add_argument("file", help="A lockstep.topology/v1 JSON file ('-' for standard input).")
 
     def handle(self, *args, cluster, file, **options):
-        target = Cluster.objects.filter(pk=cluster).first()
+        with scoping.unscoped("an operator on the console host names a cluster by id"):
+            target = Cluster.objects.filter(pk=cluster).first()
         if target is None:
             raise CommandError(f"no cluster with id {cluster}")
         try:
@@ -30,7 +32,10 @@ class Command(BaseCommand):
         except json.JSONDecodeError as exc:
             raise CommandError(f"{file} is not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
         try:
-            summary = import_topology(target, document)
-        except TopologyError as exc:
-            raise CommandError("\n".join([f"{file} was not imported; nothing changed:", *exc.errors])) from None
+            with scoping.for_organization(target.organization_id):
+                summary = services.import_topology(target, document)
+        except DomainError as exc:
+            problems = [f"{field}: {problem}" if field != "topology" else problem
+                        for field, problem in exc.fields.items()]
+            raise CommandError("\n".join([f"{file} was not imported; nothing changed:", *problems])) from None
         self.stdout.write(json.dumps(summary.as_dict()))

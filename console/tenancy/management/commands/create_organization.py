@@ -2,8 +2,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import validate_email
 
-from console.tenancy.models import Organization
-from console.tenancy.services import create_organization
+from console.core.errors import DomainError
+from console.tenancy.services import create_organization_with_admin
 
 
 class Command(BaseCommand):
@@ -23,9 +23,10 @@ class Command(BaseCommand):
             validate_email(admin_email)
         except ValidationError:
             raise CommandError(f"--admin-email {admin_email!r} is not an email address") from None
-        if Organization.objects.filter(name=name).exists():
-            raise CommandError(f"an organization named {name!r} already exists")
-        result = create_organization(name, admin_email, password=admin_password)
+        try:
+            result = create_organization_with_admin(name, admin_email, password=admin_password)
+        except DomainError as exc:
+            raise CommandError(exc.detail) from None
         self.stdout.write(f"Created organization {result.organization.name!r} (id {result.organization.pk}, "
                           f"slug {result.organization.slug}).")
         if result.owner_created:

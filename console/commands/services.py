@@ -1,4 +1,8 @@
-"""Issue, claim and complete commands.
+"""The commands' one writer: issue, claim, complete, cancel and requeue commands.
+
+API views, pages, the demo and features issue commands only through `issue_command`; the agent
+endpoints claim and complete them only through `claim` and `record_result`. Everything runs in
+the caller's tenant scope (the lease sweep's task runs unscoped).
 
 Claiming is `SELECT ... FOR UPDATE SKIP LOCKED` on PostgreSQL, so concurrent polls of one node
 never receive the same command; on SQLite the transaction takes the write lock at BEGIN
@@ -17,6 +21,8 @@ from django.utils import timezone
 
 from console.commands import registry, wakeup
 from console.commands.models import Command, CommandState
+from console.core.errors import Conflict
+from console.core.metrics import COMMAND_DELIVERY_SECONDS
 from console.live.publish import publish
 
 LEASE_GRACE = timedelta(seconds=30)
@@ -25,7 +31,7 @@ LEASE_GRACE = timedelta(seconds=30)
 def issue_command(node, type_name: str, args=None, *, user=None, idempotency_key: str | None = None,
                   timeout_s: int | None = None) -> tuple[Command, bool]:
     """Queue a command for a node. Returns (command, created); a repeated idempotency key
-    returns the first command unchanged. Raises UnknownCommandType or a ValidationError."""
+    returns the first command unchanged. Raises Invalid (an unknown type, bad arguments)."""
     from django.conf import settings
 
     command_type = registry.get(type_name)
@@ -93,6 +99,9 @@ def claim(node_id: int, limit: int) -> list[Command]:
         Command.objects.bulk_update(commands, ["state", "attempt", "delivered_at", "lease_expires", "updated"])
         for command in commands:
             _publish(command)
+    for command in commands:
+        if command.attempt == 1:  # issue → first delivery; redeliveries are the lease's business
+            COMMAND_DELIVERY_SECONDS.observe(max((now - command.created).total_seconds(), 0.0))
     return commands
 
 
@@ -138,18 +147,20 @@ def record_result(node, command_id, *, succeeded: bool, result, error: str) -> R
     return ResultOutcome(True)
 
 
-def cancel(command: Command) -> bool:
+def cancel(command: Command) -> Command:
+    """Cancel a pending or delivered command (Conflict when it is already final)."""
     updated = Command.objects.filter(pk=command.pk, state__in=[CommandState.PENDING, CommandState.DELIVERED]).update(
         state=CommandState.CANCELLED, completed_at=timezone.now(), lease_expires=None
     )
-    if updated:
-        command.refresh_from_db()
-        _publish(command)
-    return bool(updated)
+    command.refresh_from_db()
+    if not updated:
+        raise Conflict(f"A {command.state} command cannot be cancelled.", field="state")
+    _publish(command)
+    return command
 
 
 def requeue_expired() -> int:
-    """Offer again, or expire, every delivered command whose lease has ended."""
+    """Offer again, or expire, every delivered command (in the caller's scope) whose lease ended."""
     with transaction.atomic():
         return _requeue_expired(Command.objects.all(), timezone.now())
 

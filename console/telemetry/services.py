@@ -1,0 +1,161 @@
+"""Telemetry's one writer: validate and store a batch from an agent — all of it, once, or nothing.
+
+Each record's kind must be registered (`console.telemetry.kinds`) and its data must pass the
+kind's validator; the batch is then stored in one transaction, deduplicated by `(node, seq)`,
+and after the commit each kind's handlers run with that kind's records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
+from django.utils.dateparse import parse_datetime
+
+from console.core.errors import Invalid, TooLarge
+from console.core.metrics import TELEMETRY_BATCHES, TELEMETRY_RECORDS
+from console.fleet.models import Node
+from console.telemetry import kinds
+from console.telemetry.models import TelemetryBatch, TelemetryRecord
+
+KIND = re.compile(r"^[a-z0-9_.]{1,64}$")
+# Timestamps outside this range are agent clock bugs, not measurements.
+TS_MIN, TS_MAX = datetime(2000, 1, 1, tzinfo=dt_timezone.utc), datetime(2100, 1, 1, tzinfo=dt_timezone.utc)
+INT64_MAX = 2**63 - 1
+
+
+class BatchInvalid(Invalid):
+    """A batch refused as malformed; `reason` says how for the metrics (invalid, unknown_kind)."""
+
+    def __init__(self, field: str, message: str, reason: str = "invalid"):
+        super().__init__(f"{field}: {message}", field=field, problem=message)
+        self.reason = reason
+
+
+class BatchTooLarge(TooLarge):
+    def __init__(self, detail: str):
+        super().__init__(detail, code="batch_too_large")
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicate: bool
+
+
+def _timestamp(value, field: str) -> datetime:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            ts = datetime.fromtimestamp(value, tz=dt_timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise BatchInvalid(field, f"{value!r} is not a valid Unix time") from None
+    elif isinstance(value, str):
+        try:
+            ts = parse_datetime(value)
+        except ValueError:  # well-formed but impossible: 2026-02-30, an offset beyond ±24 h
+            ts = None
+        if ts is None or ts.tzinfo is None:
+            raise BatchInvalid(field, f"{value!r} is not ISO 8601 with a time zone")
+    else:
+        raise BatchInvalid(field, "must be an ISO 8601 string or Unix seconds")
+    if not TS_MIN <= ts < TS_MAX:
+        raise BatchInvalid(field, f"{value!r} is outside 2000..2100")
+    return ts
+
+
+def _count(payload: dict, key: str, low: int, default=None) -> int:
+    value = payload.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= INT64_MAX:
+        raise BatchInvalid(key, f"must be an integer in {low}..2^63-1, got {value!r}")
+    return value
+
+
+def parse_batch(payload, max_records: int) -> tuple[int, int, list[tuple[str, datetime, dict]]]:
+    """(seq, dropped, [(kind, ts, data)]) or BatchInvalid naming the first bad field."""
+    if not isinstance(payload, dict):
+        raise BatchInvalid("batch", "must be a JSON object")
+    seq = _count(payload, "seq", 1)
+    dropped = _count(payload, "dropped", 0, default=0)
+    records = payload.get("records")
+    if not isinstance(records, list):
+        raise BatchInvalid("records", "must be a list")
+    if len(records) > max_records:
+        raise BatchTooLarge(f"{len(records)} records in one batch; the limit is {max_records}")
+    parsed = []
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise BatchInvalid(f"records[{i}]", "must be an object")
+        name = record.get("kind")
+        if not isinstance(name, str) or not KIND.match(name):
+            raise BatchInvalid(f"records[{i}].kind", f"{name!r} is not a dotted name ([a-z0-9_.], ≤ 64)")
+        try:
+            kind = kinds.get(name)
+        except kinds.UnknownKind as exc:
+            raise BatchInvalid(f"records[{i}].kind", exc.detail, reason="unknown_kind") from None
+        data = record.get("data", {})
+        if not isinstance(data, dict):
+            raise BatchInvalid(f"records[{i}].data", "must be an object")
+        ts = _timestamp(record.get("ts"), f"records[{i}].ts")
+        try:
+            data = kind.validate(data)
+        except kinds.KindInvalid as exc:
+            where = f"records[{i}].data.{exc.field}" if exc.field else f"records[{i}].data"
+            raise BatchInvalid(where, exc.problem) from None
+        parsed.append((name, ts, data))
+    return seq, dropped, parsed
+
+
+def ingest(node: Node, payload, max_records: int) -> IngestResult:
+    """Store a batch for the node (in the caller's scope: the node's organization)."""
+    seq, dropped, records = parse_batch(payload, max_records)
+    organization = str(node.organization_id)
+    if TelemetryBatch.objects.filter(node=node, seq=seq).exists():
+        TELEMETRY_BATCHES.labels(organization, "duplicate").inc()
+        return IngestResult(0, True)
+    try:
+        with transaction.atomic():
+            batch = TelemetryBatch.objects.create(
+                organization_id=node.organization_id, cluster_id=node.cluster_id, node=node,
+                seq=seq, record_count=len(records), dropped=dropped,
+            )
+            rows = TelemetryRecord.objects.bulk_create(
+                [
+                    TelemetryRecord(organization_id=node.organization_id, cluster_id=node.cluster_id,
+                                    node_id=node.pk, batch=batch, kind=kind, ts=ts, data=data)
+                    for kind, ts, data in records
+                ],
+                batch_size=1000,
+            )
+            Node.objects.filter(pk=node.pk).update(
+                telemetry_dropped=F("telemetry_dropped") + dropped,
+                telemetry_seq=Greatest(F("telemetry_seq"), seq),
+            )
+            groups = _by_kind(node, batch, rows)
+            transaction.on_commit(lambda: kinds.run_handlers(groups))
+    except IntegrityError:
+        # The same batch, retried concurrently, was stored first.
+        if TelemetryBatch.objects.filter(node=node, seq=seq).exists():
+            TELEMETRY_BATCHES.labels(organization, "duplicate").inc()
+            return IngestResult(0, True)
+        raise
+    TELEMETRY_BATCHES.labels(organization, "stored").inc()
+    for group in groups:
+        TELEMETRY_RECORDS.labels(organization, group.kind).inc(len(group.records))
+    return IngestResult(len(records), False)
+
+
+def _by_kind(node: Node, batch: TelemetryBatch, rows: list[TelemetryRecord]) -> list[kinds.StoredRecords]:
+    per_kind: dict[str, list[kinds.StoredRecord]] = defaultdict(list)
+    for row in rows:
+        per_kind[row.kind].append(kinds.StoredRecord(row.pk, row.ts, row.data))
+    return [
+        kinds.StoredRecords(kind=kind, organization_id=node.organization_id, cluster_id=node.cluster_id,
+                            node_id=node.pk, batch_id=batch.pk, seq=batch.seq, records=tuple(records))
+        for kind, records in per_kind.items()
+    ]
