@@ -56,7 +56,7 @@ def test_bad_activity_commands_are_refused_naming_the_field(world, fleet, args, 
     count = Command.objects.count()
     response = _queue(world, fleet, args)
     assert response.status_code == 400, response.json()
-    assert message in str(response.json()["fields"][field])
+    assert message in str(response.json()["fields"]["args." + field])
     assert Command.objects.count() == count
 
 
