@@ -12,6 +12,7 @@ copies are DMA into the shared pages, issued ``non_blocking`` on a side stream (
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -150,11 +151,9 @@ class Arena:
             self._pinned = False
         self._views = {}
         self._bytes = None
-        try:
+        # If views handed out are still alive, the mapping is freed with the last of them.
+        with contextlib.suppress(BufferError):
             self._map.close()
-        except BufferError:
-            # Views handed out are still alive: the mapping is freed with the last of them.
-            pass
         self._map = None
         if self.fd is not None:
             os.close(self.fd)

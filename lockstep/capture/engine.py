@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -164,10 +165,8 @@ class Engine:
             if previous is not None and not previous.done():
                 if not block:
                     raise CaptureInFlight(f"capture {previous.id} is still draining; not staging another")
-                try:
+                with contextlib.suppress(CaptureFailed):  # reported on its own handle
                     previous.wait()
-                except CaptureFailed:
-                    pass  # reported on its own handle
             self._in_flight = None
             waited = time.perf_counter() - started
             sources = _check_sources(tensors)
@@ -198,10 +197,8 @@ class Engine:
             if self._closed:
                 return
             if wait and self._in_flight is not None:
-                try:
+                with contextlib.suppress(CaptureFailed):
                     self._in_flight.wait()
-                except CaptureFailed:
-                    pass
             self._closed = True
             if self._worker is not None:
                 self._worker.close()
@@ -288,16 +285,18 @@ class Engine:
             self._worker = None
 
 
+def check_tensor(key: str, t: object) -> torch.Tensor:
+    """``t`` detached if the engine can stage it; a TypeError/ValueError naming ``key`` if not."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{key!r}: expected a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{key!r}: {t.layout} tensors cannot be staged; only dense (strided) tensors")
+    if t.is_meta:
+        raise ValueError(f"{key!r}: a meta tensor has no data to capture")
+    if t.is_quantized:
+        raise TypeError(f"{key!r}: quantized tensors cannot be staged")
+    return t.detach()
+
+
 def _check_sources(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{key!r}: expected a tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{key!r}: {t.layout} tensors cannot be staged; only dense (strided) tensors")
-        if t.is_meta:
-            raise ValueError(f"{key!r}: a meta tensor has no data to capture")
-        if t.is_quantized:
-            raise TypeError(f"{key!r}: quantized tensors cannot be staged")
-        out[key] = t.detach()
-    return out
+    return {key: check_tensor(key, t) for key, t in tensors.items()}

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from lockstep.capture.engine import CaptureFailed, CaptureHandle, CaptureInFlight, Engine
+from lockstep.capture.engine import CaptureFailed, CaptureHandle, CaptureInFlight, Engine, check_tensor
 from lockstep.capture.fsutil import partial_path
 from lockstep.checkpoint.format import BYTES, TENSOR, Item, assign_owners, digest
 from lockstep.checkpoint.writer import MANIFEST
@@ -204,12 +204,13 @@ def _flatten(state_dict: Mapping[str, Any]):
             chunks = value.__create_chunk_list__()
             if len(chunks) != 1:
                 raise TypeError(f"{fqn!r}: a DTensor with {len(chunks)} local chunks is not supported")
-            local = value.to_local()
+            local = check_tensor(fqn, value.to_local())
             items.append(Item(fqn, TENSOR, local.nbytes, value.dtype, tuple(value.shape), tuple(chunks[0].offsets), tuple(chunks[0].sizes)))
             tensors[fqn] = local
         elif isinstance(value, ShardedTensor):
             raise TypeError(f"{fqn!r}: ShardedTensor is not supported; use DTensor (FSDP2, torch.distributed.tensor)")
         elif isinstance(value, torch.Tensor):
+            value = check_tensor(fqn, value)
             shape = tuple(value.shape)
             items.append(Item(fqn, TENSOR, value.nbytes, value.dtype, shape, (0,) * len(shape), shape))
             tensors[fqn] = value

@@ -166,9 +166,9 @@ def _check_coverage(fqn: str, size: tuple[int, ...], chunks: list[ChunkStorageMe
             raise CheckpointFormatError(f"{fqn!r}: chunk at {list(c.offsets)} of size {list(c.sizes)} is outside {list(size)}")
     for i, a in enumerate(chunks):
         for b in chunks[i + 1 :]:
-            if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)):
-                if _volume(a.sizes) and _volume(b.sizes):
-                    raise CheckpointFormatError(f"{fqn!r}: chunks at {list(a.offsets)} and {list(b.offsets)} overlap")
+            overlap = all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True))
+            if overlap and _volume(a.sizes) and _volume(b.sizes):
+                raise CheckpointFormatError(f"{fqn!r}: chunks at {list(a.offsets)} and {list(b.offsets)} overlap")
     covered = sum(_volume(c.sizes) for c in chunks)
     if covered != _volume(size):
         raise CheckpointFormatError(f"{fqn!r}: chunks cover {covered} of {_volume(size)} elements (a rank's part is missing)")

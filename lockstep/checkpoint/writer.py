@@ -27,7 +27,7 @@ import time
 import torch
 
 from lockstep.capture.fsutil import fsync_dir, publish_dir, remove_stale_partials, write_file_atomic
-from lockstep.checkpoint.format import Item, Written, build_metadata
+from lockstep.checkpoint.format import Written, build_metadata
 
 MANIFEST = "lockstep.json"
 MANIFEST_FORMAT = "lockstep.checkpoint/1"
