@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -267,7 +268,17 @@ def load(state_dict: dict[str, Any], path: str | os.PathLike, *, process_group: 
     path = os.fspath(path)
     if not is_complete(path):
         raise FileNotFoundError(f"no complete checkpoint at {path}")
-    dcp.load(state_dict, checkpoint_id=path, process_group=process_group, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    single = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        if single:  # DCP warns that it assumes one process; that is what was asked
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(
+            state_dict,
+            checkpoint_id=path,
+            process_group=process_group,
+            planner=DefaultLoadPlanner(allow_partial_load=not strict),
+            no_dist=single,
+        )
 
 
 def latest(root: str | os.PathLike) -> str | None:
