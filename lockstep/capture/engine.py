@@ -38,9 +38,6 @@ from lockstep.capture.arena import Arena, Layout
 from lockstep.capture.channel import Channel, ChannelClosed
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# -I: the worker ignores PYTHON* variables (a job's PYTHONPATH, an injected sitecustomize) and
-# the user's site directory; it imports only the lockstep package it was started from.
-_BOOT = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from lockstep.capture.worker import main; main()"
 
 
 class CaptureFailed(RuntimeError):
@@ -90,11 +87,18 @@ class CaptureHandle:
         self._finished.set()
 
 
-class _Worker:
-    def __init__(self):
+class BackgroundProcess:
+    """A helper process of this one, started from ``module``'s ``main(fd)``, and the channel to it.
+
+    ``python -I``: it ignores PYTHON* variables (a job's PYTHONPATH, an injected sitecustomize)
+    and the user's site directory, and imports only the lockstep package it was started from.
+    """
+
+    def __init__(self, module: str = "lockstep.capture.worker"):
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        boot = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from {module} import main; main()"
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, str(child.fileno())],
+            [sys.executable, "-I", "-c", boot, str(child.fileno())],
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
         )
@@ -124,7 +128,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._arena: Arena | None = None
         self._arena_id = 0
-        self._worker: _Worker | None = None
+        self._worker: BackgroundProcess | None = None
         self._in_flight: CaptureHandle | None = None
         self._streams: dict[torch.device, Any] = {}
         self._closed = False
@@ -209,14 +213,14 @@ class Engine:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _ensure_worker(self) -> _Worker:
+    def _ensure_worker(self) -> BackgroundProcess:
         if self._worker is None or self._worker.proc.poll() is not None:
             if self._worker is not None:
                 self._worker_lost(self._worker)
-            self._worker = _Worker()
+            self._worker = BackgroundProcess()
         return self._worker
 
-    def _ensure_arena(self, layout: Layout, worker: _Worker) -> None:
+    def _ensure_arena(self, layout: Layout, worker: BackgroundProcess) -> None:
         if self._arena is None or not self._arena.fits(layout):
             if self._arena is not None:
                 if self._arena_id in worker.arenas:
@@ -275,7 +279,7 @@ class Engine:
             else:
                 handle._finish(None, payload)
 
-    def _worker_lost(self, worker: _Worker) -> None:
+    def _worker_lost(self, worker: BackgroundProcess) -> None:
         status = worker.exit_status()
         if self._in_flight is not None and not self._in_flight._finished.is_set():
             how = f"was killed by signal {-status}" if status is not None and status < 0 else f"exited with status {status}"
