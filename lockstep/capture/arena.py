@@ -119,6 +119,11 @@ class Arena:
             out.append(self._typed(slot, raw))
         return out
 
+    @property
+    def address(self) -> int:
+        """Where the arena is mapped in this process."""
+        return self._bytes.data_ptr()
+
     def memoryview(self, offset: int = 0, nbytes: int | None = None) -> memoryview:
         end = self.capacity if nbytes is None else offset + nbytes
         return memoryview(self._map)[offset:end]

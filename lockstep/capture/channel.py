@@ -11,6 +11,7 @@ import pickle
 import select
 import socket
 import struct
+import threading
 from typing import Any
 
 _HEADER = struct.Struct("!Q")
@@ -24,6 +25,7 @@ class ChannelClosed(EOFError):
 class Channel:
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        self._send_lock = threading.Lock()  # a frame is written whole even from two threads
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -32,11 +34,12 @@ class Channel:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         header = _HEADER.pack(len(data))
         try:
-            if fds:
-                socket.send_fds(self.sock, [header], list(fds))
-                self.sock.sendall(data)
-            else:
-                self.sock.sendall(header + data)
+            with self._send_lock:
+                if fds:
+                    socket.send_fds(self.sock, [header], list(fds))
+                    self.sock.sendall(data)
+                else:
+                    self.sock.sendall(header + data)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ChannelClosed(str(exc)) from exc
 

@@ -18,6 +18,7 @@ import atexit
 import io
 import json
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -41,12 +42,17 @@ _SINK = "lockstep.checkpoint.writer:write"
 class SaveHandle:
     """A checkpoint that is staged; :meth:`wait` until it is published."""
 
-    def __init__(self, path: str, save_id: str, step: int | None, stall_s: float, capture: CaptureHandle | None):
+    def __init__(self, path: str, save_id: str, step: int | None, call_s: float, capture: CaptureHandle | None):
         self.path = path
         self.save_id = save_id
         self.step = step
-        self.stall_s = stall_s  # how long save() blocked the caller
+        self.call_s = call_s  # how long save() itself blocked the caller
         self.capture = capture  # None on a rank that had nothing to write
+
+    @property
+    def stall_s(self) -> float:
+        """Time the training loop was blocked: the call, plus optimizer steps waiting for overlapped staging."""
+        return self.call_s + (self.capture.blocked_s if self.capture is not None else 0.0)
 
     def done(self) -> bool:
         return self.capture is None or self.capture.done()
@@ -86,6 +92,7 @@ class Checkpointer:
         self._owners: dict[tuple, int] | None = None
         self._owners_for: tuple[str, ...] | None = None
         self._last: SaveHandle | None = None
+        self._object_cache: dict[str, tuple[bytes, bytes]] = {}
         self._lock = threading.Lock()
 
     # -- public ---------------------------------------------------------------------------------
@@ -98,18 +105,23 @@ class Checkpointer:
         step: int | None = None,
         overwrite: bool = False,
         block: bool = True,
+        overlap: bool = False,
     ) -> SaveHandle:
         """Stage ``state_dict`` and return; the write to ``path`` (a directory) goes on in the background.
 
         ``block=False``: if the previous save is still being written, raise
         :class:`~lockstep.capture.engine.CaptureInFlight` (on every rank) instead of waiting.
+        ``overlap=True``: return before the copies are done and let them run beside the next
+        forward and backward; the next ``optimizer.step()`` waits for them. For states whose
+        tensors change only in optimizer steps (parameters, optimizer state; not BatchNorm
+        running statistics, which the forward pass updates).
         """
         with self._lock:
             started = time.perf_counter()
             path = os.path.abspath(os.fspath(path))
             if not overwrite and os.path.exists(os.path.join(path, ".metadata")):
                 raise FileExistsError(f"a checkpoint already exists at {path} (pass overwrite=True to replace it)")
-            items, tensors, objects, mapping = _flatten(state_dict)
+            items, tensors, objects, mapping = _flatten(state_dict, self._object_cache)
             rank, world = self._rank_world()
             previous = self._last.capture if self._last is not None else None
             busy = previous is not None and not previous.done()
@@ -140,7 +152,7 @@ class Checkpointer:
                 "objects": objects,
                 "mapping": mapping,
             }
-            capture = self.engine.capture(tensors, _SINK, job, block=True)
+            capture = self.engine.capture(tensors, _SINK, job, block=True, overlap=overlap)
             handle = SaveHandle(path, save_id, step, time.perf_counter() - started, capture)
             self._last = handle
             return handle
@@ -188,7 +200,26 @@ class Checkpointer:
         return save_id, self._owners, any(g[2] for g in gathered)
 
 
-def _flatten(state_dict: Mapping[str, Any]):
+def _object_bytes(fqn: str, value: Any, cache: dict | None) -> bytes:
+    """``torch.save`` bytes of an object (what DCP stores for it), reused while it is unchanged."""
+    key = None
+    if cache is not None:
+        try:
+            key = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # microseconds for the usual small objects
+        except Exception:
+            key = None
+        hit = cache.get(fqn)
+        if key is not None and hit is not None and hit[0] == key:
+            return hit[1]
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    blob = buf.getvalue()
+    if cache is not None and key is not None:
+        cache[fqn] = (key, blob)
+    return blob
+
+
+def _flatten(state_dict: Mapping[str, Any], object_cache: dict | None = None):
     """DCP's flattening (same keys as ``dcp.save``): items, tensors to stage, object blobs, mapping."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
@@ -216,9 +247,7 @@ def _flatten(state_dict: Mapping[str, Any]):
             items.append(Item(fqn, TENSOR, value.nbytes, value.dtype, shape, (0,) * len(shape), shape))
             tensors[fqn] = value
         else:
-            buf = io.BytesIO()
-            torch.save(value, buf)
-            blob = buf.getvalue()
+            blob = _object_bytes(fqn, value, object_cache)
             item = Item(fqn, BYTES, len(blob))
             items.append(item)
             objects.append((item, blob))

@@ -115,3 +115,29 @@ def test_bad_inputs_name_the_key(engine):
         engine.capture({"m": torch.empty(3, device="meta")}, DIGEST, {})
     with pytest.raises(TypeError, match="'x'.*list"):
         engine.capture({"x": [1, 2]}, DIGEST, {})
+
+
+@pytest.mark.parametrize("pull", [True, False], ids=["worker-reads-memory", "copy-thread"])
+def test_overlapped_capture_holds_the_next_optimizer_step_until_it_is_staged(pull):
+    # 200 MB: copying takes far longer than reaching optimizer.step(), which changes every
+    # weight in place at once; without the hook the capture would catch weights mid-update.
+    from lockstep.capture import Engine
+
+    engine = Engine(name="test-overlap", pull=pull)
+    try:
+        engine.capture({"warm": torch.zeros(4)}, DIGEST, {}).wait(timeout=120)
+        assert engine.worker_reads_memory is True  # no Yama/seccomp limits on this machine
+        params = [torch.nn.Parameter(torch.full((12_500_000,), float(i))) for i in range(4)]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        optim = torch.optim.SGD(params, lr=1.0)
+        state = {f"p{i}": p for i, p in enumerate(params)}
+        expected = {k: tensor_digest(v) for k, v in state.items()}
+        handle = engine.capture(state, DIGEST, {}, overlap=True)
+        assert handle.pulled is pull
+        optim.step()
+        assert handle.staged
+        assert handle.wait(timeout=120)["digests"] == expected
+        assert torch.equal(params[3], torch.full((12_500_000,), 2.0))  # the step did run, after
+    finally:
+        engine.close()
