@@ -12,11 +12,14 @@ A capture whose staging was interrupted was never sent, so it can never be publi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
+import queue
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -107,6 +110,40 @@ def pull_from(pid: int, arena: Arena, segments: list[tuple[int, int, int]], expe
     return True
 
 
+class _Drainer:
+    """Runs sinks on a thread of lower priority (Linux nice values are per thread).
+
+    Staging (pulling tensors out of the training process) stays on the main thread at normal
+    priority: the next optimizer step waits for it. Draining is background work for real: when
+    the host's cores are busy, training goes first (and the I/O priority of the default
+    best-effort class follows the nice value).
+    """
+
+    def __init__(self, nice: int):
+        self._nice = nice
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="lockstep-drain", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+        while True:
+            fn, args, reply = self._jobs.get()
+            try:
+                reply.put((True, fn(*args)))
+            except BaseException as exc:  # re-raised on the main thread
+                reply.put((False, exc))
+
+    def run(self, fn, *args):
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        self._jobs.put((fn, args, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+
 def _resolve(sink: str):
     module, _, name = sink.partition(":")
     if not module.startswith("lockstep.") or not name:
@@ -118,9 +155,7 @@ def serve(channel: Channel) -> None:
     import torch
 
     torch.set_num_threads(1)
-    # Drain in the background for real: when the host's cores are busy, training goes first
-    # (the I/O priority of the default best-effort class follows the nice value).
-    os.nice(int(os.environ.get("LOCKSTEP_CAPTURE_NICE", "10")))
+    drain = _Drainer(int(os.environ.get("LOCKSTEP_CAPTURE_NICE", "10")))
     arenas: dict[int, Arena] = {}
     ctx = SinkContext(channel, FaultPlan.from_env(), EventSender())
     backlog: list[Any] = []
@@ -167,7 +202,7 @@ def serve(channel: Channel) -> None:
                         ctx.wait_for(("device_staged", capture_id))
                     channel.send(("staged", capture_id))
                 tensors = dict(zip((s.key for s in layout.slots), arenas[arena_id].own_storage_views(layout), strict=True))
-                result = _resolve(sink)(job, tensors, ctx) or {}
+                result = drain.run(_resolve(sink), job, tensors, ctx) or {}
                 result.setdefault("duration_s", time.monotonic() - started)
                 result["worker_cpu_s"] = time.process_time() - cpu
                 reply = ("done", capture_id, result)
