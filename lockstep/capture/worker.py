@@ -185,7 +185,10 @@ def serve(channel: Channel) -> None:
             except OSError:
                 ok = False  # ptrace rules (Yama, seccomp) forbid it: the engine copies in a thread
             probe.close()
-            channel.send(("probe", ok))
+            try:
+                channel.send(("probe", ok))
+            except ChannelClosed:
+                return
         elif kind == "device_staged":
             pass  # consumed by the job that waits for it; a stray one is for a failed job
         elif kind == "job":
