@@ -66,7 +66,9 @@ engine.checkpoint_engine.cleanup()
 fresh = build(1)
 path, client = fresh.load_checkpoint(save_dir)
 same = all(torch.equal(v, fresh.module.state_dict()[k]) for k, v in expected.items())
+with open(os.path.join(save_dir, "latest")) as f:
+    latest = f.read()
 print(json.dumps({"files_right_after": files_right_after, "latest_right_after": latest_right_after, "files": files,
-                  "latest": open(os.path.join(save_dir, "latest")).read(), "loaded": path is not None,
+                  "latest": latest, "loaded": path is not None,
                   "same_model": same, "global_steps": fresh.global_steps, "stall_s": stall, "steps_to_publish": steps}))
 fresh.checkpoint_engine.cleanup()
