@@ -53,9 +53,11 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    # MSG_WAITALL: the kernel fills the whole view in one call (one release of the GIL, instead of
+    # one per socket-buffer's worth); the loop only resumes after a signal.
     got, n = 0, len(view)
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise ConnectionError("peer closed the connection")
         got += k

@@ -81,6 +81,7 @@ class WeightReplica:
         self.swaps = 0
         self.last_swap_s = 0.0
         self.max_swap_s = 0.0
+        self.max_lock_wait_s = 0.0  # longest a hold() waited for a receiver thread's bookkeeping
         self.errors: list[str] = []
         self._thread = threading.Thread(target=self._control_loop, name=f"replica-{self.name}", daemon=True)
         self._thread.start()
@@ -109,7 +110,9 @@ class WeightReplica:
     def hold(self, timeout: float | None = None) -> Iterator[Weights]:
         """The weights of one version, unchanged until the block ends (swap to a newer one on entry)."""
         self.wait_for_version(1, timeout)
+        asked = time.perf_counter()
         with self._cond:
+            self.max_lock_wait_s = max(self.max_lock_wait_s, time.perf_counter() - asked)
             if self._pending is not None and self._holders == 0:
                 self._swap()
             self._holders += 1
