@@ -54,13 +54,31 @@ class Replica:
             send_frame(self.sock, frame)
 
 
+class Gate:
+    """How far into the arena the trainer has staged the version being sent (senders wait on it)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.upto = 0
+
+    def set(self, upto: float) -> None:
+        with self._cond:
+            self.upto = upto
+            self._cond.notify_all()
+
+    def wait(self, end: int) -> None:
+        with self._cond:
+            while self.upto < end:
+                self._cond.wait()
+
+
 class Link:
     """A data link and the thread that sends versions on it."""
 
-    def __init__(self, replica: str, epoch: int, stream: int, link, events: queue.Queue, arena: Arena, slots):
+    def __init__(self, replica: str, epoch: int, stream: int, link, events: queue.Queue, arena: Arena, slots, gate: Gate):
         self.replica, self.epoch, self.stream, self.link = replica, epoch, stream, link
         self.jobs: queue.Queue = queue.Queue()
-        self._events, self._arena, self._slots = events, arena, slots
+        self._events, self._arena, self._slots, self._gate = events, arena, slots, gate
         self.thread = threading.Thread(target=self._run, name=f"send-{replica}-{stream}", daemon=True)
         self.thread.start()
 
@@ -71,8 +89,8 @@ class Link:
                 return
             header, segments = job
             try:
-                views = [self._arena.memoryview(self._slots[t].offset + off, n) for t, off, n in segments]
-                self.link.send_version(header, views)
+                parts = [(self._arena.memoryview(self._slots[t].offset + off, n), self._slots[t].offset + off + n) for t, off, n in segments]
+                self.link.send_version(header, parts, self._gate.wait)
             except Exception as exc:  # the replica went away mid-send
                 self._events.put(("gone_epoch", self.replica, self.epoch, f"stream {self.stream}: {exc!r}"))
                 return
@@ -98,6 +116,7 @@ class Leader:
         self.pending_links: dict[tuple[str, int], object] = {}
         self.version: int | None = None
         self.changed_at: list[int] = []
+        self.gate = Gate()
         self.arena_held = False
         self.acquire_waiting = False
         self.delivery: dict | None = None
@@ -228,17 +247,29 @@ class Leader:
         op = msg[0]
         if op == "acquire":
             self.acquire_waiting = True
+        elif op == "staging":  # the trainer copies now; sends follow its progress
+            _, version, changed_at = msg
+            self.gate.set(0)
+            self._begin(version, changed_at)
+        elif op == "progress":
+            if msg[1] == self.version:
+                self.gate.set(msg[2])
         elif op == "staged":
             _, version, changed_at = msg
-            self.arena_held = False
-            self.version, self.changed_at = version, changed_at
-            targets = [r for r in self.replicas.values() if len(r.links) == self.streams]
-            self.delivery = {"version": version, "started": time.monotonic(), "waiting": {r.name for r in targets}, "result": {}, "bytes": 0}
-            for r in targets:
-                self._start_send(r)
-            self._maybe_delivered()
+            self.gate.set(float("inf"))
+            if version != self.version:
+                self._begin(version, changed_at)
         elif op == "status":
             self.channel.send(("status", self._status()))
+
+    def _begin(self, version: int, changed_at: list[int]) -> None:
+        self.arena_held = False
+        self.version, self.changed_at = version, changed_at
+        targets = [r for r in self.replicas.values() if len(r.links) == self.streams]
+        self.delivery = {"version": version, "started": time.monotonic(), "waiting": {r.name for r in targets}, "result": {}, "bytes": 0}
+        for r in targets:
+            self._start_send(r)
+        self._maybe_delivered()
 
     def _on_hello(self, name: str, sock: socket.socket) -> None:
         old = self.replicas.get(name)
@@ -271,7 +302,7 @@ class Leader:
         if r is None or r.epoch != epoch or not 0 <= stream < self.streams or stream in r.links:
             link.close()
             return
-        r.links[stream] = Link(name, epoch, stream, link, self.events, self.arena, self.slots)
+        r.links[stream] = Link(name, epoch, stream, link, self.events, self.arena, self.slots, self.gate)
         if len(r.links) == self.streams and self.version is not None and not self.arena_held and r.sending is None:
             self._start_send(r)  # a late joiner: the latest version, whole
 

@@ -27,9 +27,12 @@ class TcpLink:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
 
-    def send_version(self, header: dict, views: list[memoryview]) -> None:
+    def send_version(self, header: dict, parts: list[tuple[memoryview, int]], wait=None) -> None:
+        """The header, then each part once ``wait(end)`` says the bytes under it are staged."""
         send_frame(self.sock, header)
-        for view in views:
+        for view, end in parts:
+            if wait is not None:
+                wait(end)
             self.sock.sendall(view)
 
     def recv_header(self) -> dict:
@@ -66,11 +69,13 @@ class PairGroupLink:
     def _recv(self, t: torch.Tensor) -> None:
         self.pg.recv([t], self.peer, self.TAG).wait()
 
-    def send_version(self, header: dict, views: list[memoryview]) -> None:
+    def send_version(self, header: dict, parts: list[tuple[memoryview, int]], wait=None) -> None:
         data = json.dumps(header, separators=(",", ":")).encode()
         self._send(torch.tensor([len(data)], dtype=torch.int64))
         self._send(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        for view in views:
+        for view, end in parts:
+            if wait is not None:
+                wait(end)
             self._send(torch.frombuffer(view, dtype=torch.uint8))
 
     def recv_header(self) -> dict:

@@ -10,25 +10,26 @@ def needed(changed_at: list[int], have: int | None) -> list[int]:
     return [i for i, v in enumerate(changed_at) if v > have]
 
 
-def stripe(sizes: list[int], tensors: list[int], streams: int) -> list[list[tuple[int, int, int]]]:
-    """Split the bytes of ``tensors`` (in order) into ``streams`` contiguous runs of near-equal size.
+def stripe(sizes: list[int], tensors: list[int], streams: int, chunk: int = 8 << 20) -> list[list[tuple[int, int, int]]]:
+    """Deal the bytes of ``tensors`` (in order) to ``streams`` senders, ``chunk`` bytes at a time.
 
-    Returns per stream a list of ``(tensor, byte offset, nbytes)`` segments; a large tensor is cut
-    across streams, so one big tensor is still sent by every sender in parallel.
+    Returns per stream a list of ``(tensor, byte offset, nbytes)`` segments in layout order. Chunks
+    go round-robin, so every sender works through the model from its start: a large tensor is
+    sent by all of them at once, and sending can follow a copy that is still in progress.
     """
-    total = sum(sizes[t] for t in tensors)
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(streams)]
-    if total == 0:
-        return out
-    bounds = [total * (k + 1) // streams for k in range(streams)]
-    stream, pos = 0, 0
+    stream, room = 0, chunk
     for t in tensors:
         off = 0
         while off < sizes[t]:
-            while pos >= bounds[stream]:
-                stream += 1
-            n = min(sizes[t] - off, bounds[stream] - pos)
-            out[stream].append((t, off, n))
+            n = min(sizes[t] - off, room)
+            segs = out[stream]
+            if segs and segs[-1][0] == t and segs[-1][1] + segs[-1][2] == off:
+                segs[-1] = (t, segs[-1][1], segs[-1][2] + n)  # same tensor, contiguous: one segment
+            else:
+                segs.append((t, off, n))
             off += n
-            pos += n
+            room -= n
+            if room == 0:
+                stream, room = (stream + 1) % streams, chunk
     return out

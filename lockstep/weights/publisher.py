@@ -25,6 +25,7 @@ from lockstep.capture.channel import ChannelClosed
 from lockstep.capture.engine import BackgroundProcess, CaptureInFlight, check_tensor
 
 TRANSPORTS = ("tcp", "gloo")
+PROGRESS_BYTES = 32 << 20  # while staging, tell the leader how far the copy got every 32 MiB
 
 
 class PushFailed(RuntimeError):
@@ -132,6 +133,7 @@ class WeightPublisher:
         with self._lock:
             started = time.perf_counter()
             tensors = named_tensors(weights)
+            srcs = list(tensors.values())
             if list(tensors) != self.keys:
                 extra = sorted(set(tensors) ^ set(self.keys))
                 raise ValueError(f"the weights' names changed since the publisher was made: {extra[:5]}")
@@ -142,21 +144,39 @@ class WeightPublisher:
                 previous.wait()
             self._acquire()
             version = self._version + 1
-            hint = set(changed) if changed is not None else None
-            n_changed = staged = 0
-            with torch.no_grad():
-                for i, (slot, dst, src) in enumerate(zip(self.layout.slots, self._views, tensors.values(), strict=True)):
-                    if tuple(src.shape) != slot.shape or src.dtype != slot.dtype:
-                        raise ValueError(f"{slot.key!r}: {src.dtype} {list(src.shape)} does not match {slot.dtype} {list(slot.shape)}")
-                    first = self._version == 0
-                    if not first and hint is not None and slot.key not in hint:
-                        continue
-                    if not first and self.delta and hint is None and torch.equal(dst, src):
-                        continue
-                    dst.copy_(src)
+            first = self._version == 0
+            for slot, src in zip(self.layout.slots, tensors.values(), strict=True):
+                if tuple(src.shape) != slot.shape or src.dtype != slot.dtype:
+                    raise ValueError(f"{slot.key!r}: {src.dtype} {list(src.shape)} does not match {slot.dtype} {list(slot.shape)}")
+            if first or changed is not None or not self.delta:
+                # What changes is known before copying: the leader starts sending while we copy,
+                # each segment as soon as the bytes under it are staged.
+                hint = set(changed) if changed is not None and not first else None
+                copy = [i for i, slot in enumerate(self.layout.slots) if hint is None or slot.key in hint]
+                for i in copy:
                     self._changed_at[i] = version
-                    n_changed += 1
-                    staged += slot.nbytes
+                self._proc.channel.send(("staging", version, list(self._changed_at)))
+                staged, since = 0, 0
+                with torch.no_grad():
+                    for i in copy:
+                        self._views[i].copy_(srcs[i])
+                        staged += self.layout.slots[i].nbytes
+                        since += self.layout.slots[i].nbytes
+                        if since >= PROGRESS_BYTES:
+                            self._proc.channel.send(("progress", version, self.layout.slots[i].offset + self.layout.slots[i].nbytes))
+                            since = 0
+                n_changed = len(copy)
+            else:
+                # delta: compare each tensor with the previous version while copying
+                n_changed = staged = 0
+                with torch.no_grad():
+                    for i, (dst, src) in enumerate(zip(self._views, srcs, strict=True)):
+                        if torch.equal(dst, src):
+                            continue
+                        dst.copy_(src)
+                        self._changed_at[i] = version
+                        n_changed += 1
+                        staged += self.layout.slots[i].nbytes
             self._version = version
             self._proc.channel.send(("staged", version, list(self._changed_at)))
             handle = PushHandle(self, version, time.perf_counter() - started, n_changed, staged)
