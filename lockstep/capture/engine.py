@@ -234,7 +234,7 @@ class Engine:
             sources = _check_sources(tensors)
             layout = Layout.of(sources)
             worker = self._ensure_worker()
-            self._ensure_arena(layout, worker)
+            self._ensure_arena(layout, worker, populate=not overlap)
             views, srcs = self._arena.views(layout), list(sources.values())
             capture_id = next(self._ids)
             message = ("job", capture_id, self._arena_id, layout, sink, job)
@@ -316,7 +316,9 @@ class Engine:
             self._worker.channel.send(("probe", os.getpid(), ctypes.addressof(self._probe), len(_PROBE), _PROBE))
         return self._worker
 
-    def _ensure_arena(self, layout: Layout, worker: BackgroundProcess) -> None:
+    def _ensure_arena(self, layout: Layout, worker: BackgroundProcess, populate: bool = True) -> None:
+        # populate=False for an overlapped capture: its copies (in the worker or a thread) fault
+        # the pages in, off the caller's critical path.
         if self._arena is None or not self._arena.fits(layout):
             if self._arena is not None:
                 if self._arena_id in worker.arenas:
@@ -324,7 +326,7 @@ class Engine:
                     worker.arenas.discard(self._arena_id)
                 self._arena.close()
             self._arena = None  # release before allocating: at most one arena resident
-            self._arena = Arena(layout.nbytes, name=self.name)
+            self._arena = Arena(layout.nbytes, name=self.name, populate=populate)
             self._arena_id += 1
         if self._arena_id not in worker.arenas:
             worker.channel.send(("arena", self._arena_id, self._arena.capacity), fds=[self._arena.fd])
