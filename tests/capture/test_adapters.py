@@ -25,13 +25,14 @@ def interpreter(name: str):
     return python
 
 
-def run(cmd, timeout=600) -> dict:
+def run(cmd, timeout=840) -> dict:
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # torchrun, two ranks importing TorchTitan: minutes on a busy machine
 @pytest.mark.parametrize("mode", ["async", "async_with_pinned_mem"])
 def test_torchtitan_checkpoint_manager_saves_through_lockstep_and_loads_back(tmp_path, mode):
     python = interpreter("torchtitan")
@@ -39,10 +40,14 @@ def test_torchtitan_checkpoint_manager_saves_through_lockstep_and_loads_back(tmp
     out = run([str(torchrun), "--nproc-per-node", "2", str(REPO / "tests/capture/adapters_torchtitan.py"), str(tmp_path), mode])
     assert out["futures"][1:] == ["SaveFuture"] * 5  # every async save went through lockstep
     assert out["loaded_step"] == 6 and out["same_model"] and out["same_optim"] and out["sched"] == 6
-    assert sorted(os.listdir(tmp_path / "ck")) == ["step-4", "step-6"]  # TorchTitan's keep_latest_k
+    # TorchTitan's keep_latest_k=2 purges right after each save call; the save still being written
+    # is not visible yet (published atomically), so one older checkpoint may be kept a save longer.
+    kept = set(os.listdir(tmp_path / "ck"))
+    assert {"step-4", "step-6"} <= kept <= {"step-2", "step-4", "step-6"}, kept
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # DeepSpeed's import, in the trainer and then in the writer
 def test_deepspeed_checkpoint_engine_publishes_then_names_latest_and_loads_back(tmp_path):
     python = interpreter("deepspeed")
     out = run([str(python), str(REPO / "tests/capture/adapters_deepspeed.py"), str(tmp_path)])

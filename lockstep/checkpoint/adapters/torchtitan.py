@@ -11,6 +11,10 @@ HF exports. With ``async_mode`` "async" or "async_with_pinned_mem", ``dcp_save``
 lockstep's shared arena; with ``overlap`` (the default) the copies run beside the next forward and
 backward and TorchTitan's optimizer step waits for them, which is when TorchTitan already waits
 for staging (``maybe_wait_for_staging`` right before ``optimizers.step()``).
+
+A step folder appears only once its checkpoint is complete (atomic publish), so TorchTitan's
+``keep_latest_k`` purge, which runs right after each save call, does not count the checkpoint
+still being written and keeps one older complete one a save longer.
 """
 
 from __future__ import annotations
