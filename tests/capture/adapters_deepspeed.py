@@ -25,7 +25,7 @@ from lockstep.checkpoint.adapters.deepspeed import LockstepCheckpointEngine  # n
 
 # DeepSpeed's optional shared-memory all-reduce for CPU is JIT-compiled (minutes of C++ here);
 # the checkpoint engine does not use it, gloo does the collectives.
-deepspeed.comm.torch.build_shm_op = lambda: None
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (deepspeed.comm.torch is torch itself)
 deepspeed.init_distributed(dist_backend="gloo")
 CONFIG = {"train_batch_size": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 1000}
 
