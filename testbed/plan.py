@@ -171,6 +171,14 @@ class Plan:
                 ("net/ipv4/fib_multipath_hash_policy", "1"),
                 ("net/ipv4/conf/all/ignore_routes_with_linkdown", "1"),
                 ("net/ipv4/conf/default/ignore_routes_with_linkdown", "1"),
+                # path discovery: a switch answers an expired probe from the address of the port
+                # it came in on (so the answer names the link, see `router_addresses`), and
+                # answers every one (a real switch polices its control plane; the emulator
+                # does not, so tests can trace quickly)
+                ("net/ipv4/icmp_errors_use_inbound_ifaddr", "1"),
+                ("net/ipv4/icmp_ratelimit", "0"),
+                ("?net/ipv4/icmp_msgs_per_sec", "100000"),
+                ("?net/ipv4/icmp_msgs_burst", "10000"),
             ]
         return common + [
             ("net/ipv4/ip_forward", "0"),
@@ -208,6 +216,18 @@ class Plan:
         if host is not None:
             pairs.append((MGMT_IFNAME, f"lockstep-testbed mgmt {host.name}"))
         return pairs
+
+    def router_addresses(self) -> dict[str, list]:
+        """Every interface address of the fabric -> [device, link]: the device that owns it and
+        the link a probe arrives on there. Switches answer expired probes from the address of
+        their ingress port, so a traceroute's answers name the links of the path; a NIC's own
+        address names its access link (the last link of a path to it). The shape of the
+        probe.mesh plan's ``routers``."""
+        out: dict[str, list] = {}
+        for link in self.links.values():
+            for end in link.ends():
+                out[end.address] = [end.device, link.id]
+        return out
 
     def ends_in(self, ns: str) -> list[End]:
         return [end for link in self.links.values() for end in link.ends() if end.ns == ns]
