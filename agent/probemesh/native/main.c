@@ -524,8 +524,9 @@ int main(int argc, char **argv)
     pm_out("{\"ev\":\"ready\",\"version\":\"%s\",\"wire\":%d,\"pid\":%d}\n", PM_VERSION_STRING, PM_WIRE_VERSION,
            (int)getpid());
     int out_watched = 0;
-    int64_t next_stats = pm_now_mono() + 1000000000LL, next_expire = next_stats;
-    struct epoll_event events[64];
+    int64_t next_stats = pm_now_mono() + 1000000000LL, next_expire = next_stats, next_tick = 0;
+    enum { MAX_EVENTS = 1024 };
+    static struct epoll_event events[MAX_EVENTS];
     while (pm.running) {
         pm_out_flush();
         if (pm_out_pending() != out_watched) {
@@ -535,52 +536,63 @@ int main(int argc, char **argv)
         }
         int64_t now = pm_now_mono();
         int64_t wait = pm_heap_next_due() - now;
-        if (wait > 1000000)
-            wait = 1000000; /* deadlines and windows are looked at every millisecond */
+        if (wait > next_tick - now)
+            wait = next_tick - now; /* deadlines and windows are looked at every millisecond */
         if (wait < 0)
             wait = 0;
-        struct timespec to = {0, (long)wait};
-        int n = epoll_pwait2(pm.epfd, events, 64, &to, NULL);
-        if (n < 0 && errno != EINTR) {
-            perror("epoll_pwait2");
-            return 1;
-        }
-        /* TX stamps and errors before data, so an echo finds its probe's stamp */
-        for (int i = 0; i < n; i++) {
-            void *tag = events[i].data.ptr;
-            if (tag == &stdin_tag || tag == &stdout_tag)
-                continue;
-            struct pm_sock *s = tag;
-            if (events[i].events & EPOLLERR) {
-                if (s->kind == PM_SOCK_PROBER)
-                    pm_prober_errqueue(s);
-                else
-                    pm_responder_errqueue(s);
+        /* every socket that is ready is read before any probe is finalized: an echo waiting in
+         * a socket must not be counted lost because another socket was served first */
+        for (int round = 0; round < 16; round++) {
+            struct timespec to = {0, round ? 0 : (long)wait};
+            int n = epoll_pwait2(pm.epfd, events, MAX_EVENTS, &to, NULL);
+            if (n < 0) {
+                if (errno == EINTR)
+                    break;
+                perror("epoll_pwait2");
+                return 1;
             }
-        }
-        for (int i = 0; i < n; i++) {
-            void *tag = events[i].data.ptr;
-            if (tag == &stdin_tag) {
-                read_stdin();
-                continue;
+            /* TX stamps and errors before data, so an echo finds its probe's stamp */
+            for (int i = 0; i < n; i++) {
+                void *tag = events[i].data.ptr;
+                if (tag == &stdin_tag || tag == &stdout_tag)
+                    continue;
+                struct pm_sock *s = tag;
+                if (events[i].events & EPOLLERR) {
+                    if (s->kind == PM_SOCK_PROBER)
+                        pm_prober_errqueue(s);
+                    else
+                        pm_responder_errqueue(s);
+                }
             }
-            if (tag == &stdout_tag)
-                continue;
-            struct pm_sock *s = tag;
-            if (events[i].events & EPOLLIN) {
-                if (s->kind == PM_SOCK_PROBER)
-                    pm_prober_read(s);
-                else
-                    pm_responder_read(s);
+            for (int i = 0; i < n; i++) {
+                void *tag = events[i].data.ptr;
+                if (tag == &stdin_tag) {
+                    read_stdin();
+                    continue;
+                }
+                if (tag == &stdout_tag)
+                    continue;
+                struct pm_sock *s = tag;
+                if (events[i].events & EPOLLIN) {
+                    if (s->kind == PM_SOCK_PROBER)
+                        pm_prober_read(s);
+                    else
+                        pm_responder_read(s);
+                }
             }
+            if (commit_pending)
+                apply_commit(); /* outside the event batch: sockets may close */
+            if (n < MAX_EVENTS)
+                break;
         }
-        if (commit_pending)
-            apply_commit(); /* outside the event batch: sockets may close */
         now = pm_now_mono();
         pm_prober_send_due(now);
-        pm_prober_tick(now);
-        if (pm.opts.window_ns)
-            pm_emit_windows(pm_window_clock());
+        if (now >= next_tick) {
+            pm_prober_tick(now);
+            if (pm.opts.window_ns)
+                pm_emit_windows(pm_window_clock());
+            next_tick = now + 1000000;
+        }
         if (now >= next_stats) {
             emit_stats();
             next_stats = now + 1000000000LL;

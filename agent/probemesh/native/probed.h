@@ -257,6 +257,5 @@ void pm_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void pm_out_json_str(const char *s);
 void pm_out_flush(void);
 int pm_out_pending(void);
-int64_t pm_emit_delay(const struct pm_nic *nic);
 
 #endif

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define BATCH 32
+#define BATCH 8 /* one socket per source port: few echoes wait on each */
 #define CTRL_LEN 512
 
 /* -- sessions: echo and TX stamp -> peer --------------------------------------------------- */
@@ -325,58 +325,73 @@ void pm_prober_read(struct pm_sock *s)
     }
 }
 
-void pm_prober_errqueue(struct pm_sock *s)
+static void prober_error(struct pm_sock *s, struct msghdr *msg, const uint8_t *buf, size_t n,
+                         const struct sockaddr_in *dst)
 {
-    uint8_t buf[1024];
-    uint8_t ctrl[CTRL_LEN];
-    for (int rounds = 0; rounds < 256; rounds++) {
-        struct iovec iov = {buf, sizeof buf};
-        struct sockaddr_in dst;
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctrl;
-        msg.msg_controllen = sizeof ctrl;
-        msg.msg_name = &dst;
-        msg.msg_namelen = sizeof dst;
-        ssize_t n = recvmsg(s->fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
-        if (n < 0)
-            return;
-        struct pm_stamps st;
-        pm_parse_cmsgs(&msg, &st);
-        size_t rest = 0;
-        const uint8_t *m = pm_find_magic(buf, (size_t)n, &rest);
-        uint32_t dst_addr = msg.msg_namelen >= sizeof(struct sockaddr_in) ? dst.sin_addr.s_addr : 0;
-        if (st.have_err && st.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) {
-            if (m && m[PM_P_TYPE] == PM_PROBE) {
-                struct pm_peer *p = pm_peer_by_session(pm_get32(m + PM_P_SESSION));
-                struct pm_rec *r = p ? rec_of(p, pm_get32(m + PM_P_SEQ)) : NULL;
-                if (r && !r->final) {
-                    if (st.sw)
-                        r->tx_sw = st.sw;
-                    if (st.hw)
-                        r->tx_hw = st.hw;
-                    pm.st.tx_stamps++;
-                }
-            }
-            continue;
-        }
-        if (!st.have_err || st.ee_origin != SO_EE_ORIGIN_ICMP)
-            continue;
-        const char *kind = st.ee_type == 11 ? "ttl" : (st.ee_type == 3 ? "unreach" : "icmp");
-        if (m && m[PM_P_TYPE] == PM_TRACE) {
-            emit_hop(pm_get32(m + PM_P_SESSION), 1, (int)pm_get32(m + PM_P_SEQ), st.offender, kind, st.ee_code, s,
-                     dst_addr);
-        } else if (m && m[PM_P_TYPE] == PM_PROBE) {
+    struct pm_stamps st;
+    pm_parse_cmsgs(msg, &st);
+    size_t rest = 0;
+    const uint8_t *m = pm_find_magic(buf, n, &rest);
+    uint32_t dst_addr = msg->msg_namelen >= sizeof(struct sockaddr_in) ? dst->sin_addr.s_addr : 0;
+    if (st.have_err && st.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) {
+        if (m && m[PM_P_TYPE] == PM_PROBE) {
             struct pm_peer *p = pm_peer_by_session(pm_get32(m + PM_P_SESSION));
             struct pm_rec *r = p ? rec_of(p, pm_get32(m + PM_P_SEQ)) : NULL;
-            if (r && !r->final && st.ee_type == 3)
-                r->refused = 1; /* nothing listens there (port), or no route (host/net) */
-        } else if (!m && st.ee_type == 11) {
-            /* a switch that quotes only the UDP header: the trace is matched by flow */
-            emit_hop(0, 0, 0, st.offender, kind, st.ee_code, s, dst_addr);
+            if (r && !r->final) {
+                if (st.sw)
+                    r->tx_sw = st.sw;
+                if (st.hw)
+                    r->tx_hw = st.hw;
+                pm.st.tx_stamps++;
+            }
         }
+        return;
+    }
+    if (!st.have_err || st.ee_origin != SO_EE_ORIGIN_ICMP)
+        return;
+    const char *kind = st.ee_type == 11 ? "ttl" : (st.ee_type == 3 ? "unreach" : "icmp");
+    if (m && m[PM_P_TYPE] == PM_TRACE) {
+        emit_hop(pm_get32(m + PM_P_SESSION), 1, (int)pm_get32(m + PM_P_SEQ), st.offender, kind, st.ee_code, s,
+                 dst_addr);
+    } else if (m && m[PM_P_TYPE] == PM_PROBE) {
+        struct pm_peer *p = pm_peer_by_session(pm_get32(m + PM_P_SESSION));
+        struct pm_rec *r = p ? rec_of(p, pm_get32(m + PM_P_SEQ)) : NULL;
+        if (r && !r->final && st.ee_type == 3)
+            r->refused = 1; /* nothing listens there (port), or no route (host/net) */
+    } else if (!m && st.ee_type == 11) {
+        /* a switch that quotes only the UDP header: the trace is matched by flow */
+        emit_hop(0, 0, 0, st.offender, kind, st.ee_code, s, dst_addr);
+    }
+}
+
+void pm_prober_errqueue(struct pm_sock *s)
+{
+    enum { EQ = 16 };
+    static uint8_t bufs[EQ][512];
+    static uint8_t ctrl[EQ][CTRL_LEN];
+    struct mmsghdr msgs[EQ];
+    struct iovec iov[EQ];
+    struct sockaddr_in dst[EQ];
+    for (int rounds = 0; rounds < 64; rounds++) {
+        for (int i = 0; i < EQ; i++) {
+            iov[i].iov_base = bufs[i];
+            iov[i].iov_len = sizeof bufs[i];
+            memset(&msgs[i], 0, sizeof msgs[i]);
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_control = ctrl[i];
+            msgs[i].msg_hdr.msg_controllen = CTRL_LEN;
+            msgs[i].msg_hdr.msg_name = &dst[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof dst[i];
+        }
+        /* one call takes every queued stamp and error (fewer than EQ: the queue is empty) */
+        int n = recvmmsg(s->fd, msgs, EQ, MSG_ERRQUEUE | MSG_DONTWAIT, NULL);
+        if (n <= 0)
+            return;
+        for (int i = 0; i < n; i++)
+            prober_error(s, &msgs[i].msg_hdr, bufs[i], msgs[i].msg_len, &dst[i]);
+        if (n < EQ)
+            return;
     }
 }
 

@@ -257,42 +257,55 @@ void pm_responder_read(struct pm_sock *s)
     }
 }
 
+static void responder_error(struct pm_nic *nic, struct msghdr *msg, const uint8_t *buf, size_t n)
+{
+    struct pm_stamps st;
+    pm_parse_cmsgs(msg, &st);
+    if (!st.have_err || st.ee_origin != SO_EE_ORIGIN_TIMESTAMPING)
+        return; /* an ICMP error about an echo (the prober went away): nothing to do */
+    size_t rest = 0;
+    const uint8_t *m = pm_find_magic(buf, n, &rest);
+    if (!m || rest < PM_ECHO_LEN || m[PM_P_TYPE] != PM_ECHO || !nic->flows)
+        return;
+    uint32_t session = pm_get32(m + PM_E_SESSION), seq = pm_get32(m + PM_E_SEQ);
+    uint32_t k = (session * 2654435761u ^ seq) & (PM_SENT_RING - 1);
+    if (nic->sent_ring[k].session != session || nic->sent_ring[k].seq != seq || nic->sent_ring[k].flow < 0)
+        return;
+    struct pm_flow *f = &nic->flows[nic->sent_ring[k].flow];
+    if (!f->used || f->session != session)
+        return;
+    int64_t offset = pm.synced ? pm.clock_offset : 0;
+    f->fu_seq = seq;
+    f->fu_tx = st.sw ? st.sw + offset : (int64_t)pm_get64(m + PM_E_TX);
+    f->fu_tx_hw = st.hw;
+    f->fu_ready = 1;
+    pm.st.tx_stamps++;
+}
+
 void pm_responder_errqueue(struct pm_sock *s)
 {
+    enum { EQ = 32 };
+    static uint8_t bufs[EQ][512];
+    static uint8_t ctrl[EQ][CTRL_LEN];
     struct pm_nic *nic = pm.nics[s->nic];
-    uint8_t buf[1024];
-    uint8_t ctrl[CTRL_LEN];
-    for (int rounds = 0; rounds < 256; rounds++) {
-        struct iovec iov = {buf, sizeof buf};
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctrl;
-        msg.msg_controllen = sizeof ctrl;
-        ssize_t n = recvmsg(s->fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
-        if (n < 0)
+    struct mmsghdr msgs[EQ];
+    struct iovec iov[EQ];
+    for (int rounds = 0; rounds < 64; rounds++) {
+        for (int i = 0; i < EQ; i++) {
+            iov[i].iov_base = bufs[i];
+            iov[i].iov_len = sizeof bufs[i];
+            memset(&msgs[i], 0, sizeof msgs[i]);
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_control = ctrl[i];
+            msgs[i].msg_hdr.msg_controllen = CTRL_LEN;
+        }
+        int n = recvmmsg(s->fd, msgs, EQ, MSG_ERRQUEUE | MSG_DONTWAIT, NULL);
+        if (n <= 0)
             return;
-        struct pm_stamps st;
-        pm_parse_cmsgs(&msg, &st);
-        if (!st.have_err || st.ee_origin != SO_EE_ORIGIN_TIMESTAMPING)
-            continue; /* an ICMP error about an echo (the prober went away): nothing to do */
-        size_t rest = 0;
-        const uint8_t *m = pm_find_magic(buf, (size_t)n, &rest);
-        if (!m || rest < PM_ECHO_LEN || m[PM_P_TYPE] != PM_ECHO || !nic->flows)
-            continue;
-        uint32_t session = pm_get32(m + PM_E_SESSION), seq = pm_get32(m + PM_E_SEQ);
-        uint32_t k = (session * 2654435761u ^ seq) & (PM_SENT_RING - 1);
-        if (nic->sent_ring[k].session != session || nic->sent_ring[k].seq != seq || nic->sent_ring[k].flow < 0)
-            continue;
-        struct pm_flow *f = &nic->flows[nic->sent_ring[k].flow];
-        if (!f->used || f->session != session)
-            continue;
-        int64_t offset = pm.synced ? pm.clock_offset : 0;
-        f->fu_seq = seq;
-        f->fu_tx = (st.sw ? st.sw : (int64_t)pm_get64(m + PM_E_TX) - offset) + offset;
-        f->fu_tx_hw = st.hw;
-        f->fu_ready = 1;
-        pm.st.tx_stamps++;
+        for (int i = 0; i < n; i++)
+            responder_error(nic, &msgs[i].msg_hdr, bufs[i], msgs[i].msg_len);
+        if (n < EQ)
+            return;
     }
 }

@@ -184,15 +184,6 @@ static void out_pcts(const char *key, struct pm_samples *s, int halve)
     pm_out(",\"%s\":[%lld,%lld,%u]", key, (long long)p50, (long long)p99, s->n);
 }
 
-int64_t pm_emit_delay(const struct pm_nic *nic)
-{
-    int64_t d = 0;
-    for (int i = 0; i < pm.npeers; i++)
-        if (pm.nics[pm.peers[i]->nic] == nic && pm.peers[i]->deadline_ns > d)
-            d = pm.peers[i]->deadline_ns;
-    return d + pm.opts.grace_ns + pm.opts.margin_ns;
-}
-
 static void new_deadline(struct pm_peer *p, struct pm_samples *rtt)
 {
     if (!rtt->n)
@@ -280,13 +271,17 @@ static void emit_window(struct pm_nic *nic, int64_t w)
 void pm_emit_windows(int64_t now_window)
 {
     int64_t W = pm.opts.window_ns;
+    int64_t dmax[PM_MAX_NICS] = {0};
+    for (int i = 0; i < pm.npeers; i++)
+        if (pm.peers[i]->deadline_ns > dmax[pm.peers[i]->nic])
+            dmax[pm.peers[i]->nic] = pm.peers[i]->deadline_ns;
     for (int n = 0; n < pm.nnics; n++) {
         struct pm_nic *nic = pm.nics[n];
         if (!nic->next_emit) {
             nic->next_emit = now_window - (now_window % W);
             continue;
         }
-        int64_t delay = pm_emit_delay(nic);
+        int64_t delay = dmax[n] + pm.opts.grace_ns + pm.opts.margin_ns;
         int64_t behind = (now_window - delay - nic->next_emit) / W;
         if (behind > PM_SLOTS - 2) { /* a long stall: what is left of those windows is lost */
             pm.st.windows_skipped += (uint64_t)(behind - 1);
