@@ -116,7 +116,9 @@ class PathDiscovery:
             return out
         self._expire(now)
         rate = float(self.settings["traces_per_s"])
-        if self._last is not None:
+        if self._last is None:
+            self._budget = min(1.0, rate)  # the first trace goes at once
+        else:
             self._budget = min(max(1.0, rate), self._budget + rate * (now - self._last))
         self._last = now
         while self._budget >= 1.0 and len(self.active) < max(4, int(rate)):
