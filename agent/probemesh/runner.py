@@ -151,6 +151,8 @@ class MeshRunner:
         engine = self.engine
         cfg = self.cfg
         out: dict = {"engine": engine.kind if engine else None}
+        if engine is not None and engine.kind == "native":
+            out["helper_pid"] = engine.pid
         if engine is not None and engine.kind == "python":
             reasons = [r for r in (getattr(engine, "missing", None), engine.degraded) if r]
             out["degraded"] = "; ".join(reasons) or "python engine (asked for)"

@@ -82,10 +82,8 @@ def _flatten(errors, prefix: str = "") -> str:
         parts = []
         for key, value in errors.items():
             name = key if key != "non_field_errors" else ""
-            if prefix and name and not name.startswith(prefix):
-                sub = f"{prefix}.{name}"
-            else:
-                sub = name or prefix
+            nested = prefix and name and not name.startswith(prefix)  # keys may already be full paths
+            sub = f"{prefix}.{name}" if nested else name or prefix
             parts.append(_flatten(value, sub))
         return "; ".join(p for p in parts if p)
     if isinstance(errors, list):
