@@ -59,6 +59,7 @@ class MeshRun:
         self._dir = tempfile.TemporaryDirectory(prefix="probemesh-")
         self.procs: dict[str, subprocess.Popen] = {}
         self.status: dict[str, dict] = {}
+        self.routes: dict[str, list[dict]] = {}  # at stop: each host's learned paths
         self._records: list[tuple[float, str, dict]] = []
         self._stderr: dict[str, list[str]] = {}
         self._lock = threading.Lock()
@@ -80,6 +81,7 @@ class MeshRun:
                 argv += ["--engine", self.engine]
             if self.synced_clock:
                 argv.append("--synced-clock")
+            argv.append("--routes")
             proc = self.fab.spawn(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO),
                                   env=(self.env or os.environ) | {"PYTHONPATH": str(REPO)})
             self.procs[host] = proc
@@ -97,6 +99,8 @@ class MeshRun:
             with self._lock:
                 if "status" in msg:
                     self.status[host] = msg["status"]
+                elif "routes" in msg:
+                    self.routes[host] = msg["routes"]
                 elif msg.get("kind") == "probe.window":
                     self._records.append((time.time(), host, msg["data"]))
 

@@ -1,7 +1,8 @@
 """``python -m agent.probemesh run PLAN.json [--duration S] [--engine auto|native|python]``
 
 Runs a probe.mesh plan outside the agent and prints each ``probe.window`` record as one JSON
-line on stdout (and the engine's health as the last line, ``{"status": ...}``). The plan is the
+line on stdout (and the engine's health as the last line, ``{"status": ...}``; with ``--routes``,
+the paths learned before it, ``{"routes": [{"nic", "peer", "sport", "hops", "path"}]}``). The plan is the
 activity's argument; it is checked the same way (exit status 2 and the named error when bad).
 """
 
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--engine", choices=("auto", "native", "python"), default=None)
     run.add_argument("--synced-clock", action="store_true",
                      help="treat the local clock as the cluster clock (hosts sharing one clock)")
+    run.add_argument("--routes", action="store_true",
+                     help="print the paths learned, one flow each, before the last line")
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.plan == "-" else Path(args.plan).read_text(encoding="utf-8")
@@ -67,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         status = runner.status()
+        routes = runner.routes() if args.routes else None
         runner.close()
         with contextlib.suppress(BrokenPipeError):
+            if routes is not None:
+                sys.stdout.write(json.dumps({"routes": routes}) + "\n")
             sys.stdout.write(json.dumps({"status": status}) + "\n")
     return 0
 

@@ -182,6 +182,12 @@ class MeshRunner:
             out["records_refused"] = self.records_refused
         return out
 
+    def routes(self) -> list[dict]:
+        """Every flow's learned path: nic, peer, sport (the port number), hops, path/devices when mapped."""
+        first = self.cfg.sport_first if self.cfg else 0
+        return [{"nic": nic, "peer": peer, "peer_address": addr, "sport": first + s, **route.to_json()}
+                for (nic, peer, addr, s), route in sorted(self.paths.routes.items())]
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
