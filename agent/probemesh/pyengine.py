@@ -500,10 +500,11 @@ class PythonEngine:
             clock = r.a_synced and r.b_synced
             fwd = r.rx_b - (r.tx + r.a_offset)
             rev = (r.rx_a + r.a_offset) - r.tx_b
-            if elapsed <= r.deadline_ns:
+            rtt = elapsed - (r.tx_b - r.rx_b)  # the responder's turnaround is not the network's
+            if rtt <= r.deadline_ns:
                 a.answered += 1
                 a.rsent += 1
-                a.rtt.append(max(0, elapsed - (r.tx_b - r.rx_b)))
+                a.rtt.append(max(0, rtt))
                 if clock:
                     a.clock_ok += 1
                     a.fwd.append(max(0, fwd))

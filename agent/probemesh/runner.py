@@ -86,11 +86,12 @@ class MeshRunner:
         if engine is None:
             time.sleep(timeout)
             return
-        now = self.monotonic()
-        self._push_clock()
-        engine.traces(self.paths.due(now))
+        # what the engine has already said comes first: after a stall of this process, answers
+        # waiting in the pipe must not be taken for traces that timed out
         for ev in engine.events(timeout):
             self._handle(ev)
+        self._push_clock()
+        engine.traces(self.paths.due(self.monotonic()))
 
     def _handle(self, ev: dict) -> None:
         kind = ev.get("ev")

@@ -16,7 +16,9 @@ from dst's record when dst probed src). Both are packets on that direction, so:
    ``owd_basis`` is ``clock`` only when every entry's delays came from synchronized clocks;
    with ``half_rtt=False`` delays that are half round trips are left out (``owd_us`` then means
    what the format says: synchronized clocks).
-3. **Paths.** ``path`` is kept when every merged entry gives the same one (all of the pair's
+3. **Late.** ``late`` (an extension) says how many of ``lost`` were answered, after their deadline:
+   a host too busy to answer at once, or a deep queue, rather than a drop.
+4. **Paths.** ``path`` is kept when every merged entry gives the same one (all of the pair's
    ports took it); a lossy pair's per-path breakdown is kept as ``paths`` (an extension the
    format allows: unknown keys are ignored).
 
@@ -150,6 +152,9 @@ def observations(records: list[dict], *, topology: str | None = None, half_rtt: 
         unresolved = sum(e.get("unresolved", 0) for e in group)
         if unresolved:
             probe["unresolved"] = unresolved
+        late = sum(e.get("late", 0) for e in group)
+        if late:
+            probe["late"] = late  # of `lost`: answered after the deadline (a slow host, or a queue)
         out.append(probe)
     out.sort(key=lambda p: (p["src"], p["dst"]))
     doc: dict[str, Any] = {"format": FORMAT}

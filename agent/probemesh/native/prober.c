@@ -427,8 +427,10 @@ static void finalize(struct pm_peer *p, struct pm_rec *r)
         int clock = r->a_synced && r->b_synced;
         int64_t fwd = r->rx_b - (tx_a + r->a_offset);
         int64_t rev = (r->rx_a + r->a_offset) - r->tx_b;
-        if (elapsed <= r->deadline_ns) {
-            int64_t rtt = elapsed - (r->tx_b - r->rx_b);
+        /* late is judged on the network's round trip: the responder's own turnaround (a busy
+         * host answering slowly) is not the network's */
+        int64_t rtt = elapsed - (r->tx_b - r->rx_b);
+        if (rtt <= r->deadline_ns) {
             int hw = r->tx_hw && r->rx_a_hw && r->rx_b_hw && r->tx_b_hw && r->has_fu;
             if (hw)
                 rtt = (r->rx_a_hw - r->tx_hw) - (r->tx_b_hw - r->rx_b_hw);
