@@ -7,9 +7,10 @@
 #   curl             the one-line installer is fetched with it
 #   the shellcheck package lints the installer script in a test
 #   chromium, chromium-driver   headless browser tests of the console pages
+#   gcc, make, libc6-dev   `make native`: the probe mesh's helper (agent/probemesh/native/)
 # Without root it only reports what is missing; the tests that need a missing part skip and say so.
 set -eu
-PACKAGES="iproute2 nftables iputils-ping util-linux curl shellcheck chromium chromium-driver"
+PACKAGES="iproute2 nftables iputils-ping util-linux curl shellcheck chromium chromium-driver gcc make libc6-dev"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
