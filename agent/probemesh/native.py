@@ -44,7 +44,7 @@ def config_lines(cfg: EngineConfig) -> list[str]:
     opts = {"window_ns": cfg.window_ns, "interval_ns": cfg.interval_ns, "port": cfg.port,
             "deadline_floor_ns": cfg.deadline_floor_ns, "deadline_k_milli": cfg.deadline_k_milli,
             "deadline_max_ns": cfg.deadline_max_ns, "grace_ns": cfg.grace_ns, "margin_ns": cfg.margin_ns,
-            "payload": cfg.payload, "dscp": cfg.dscp, "hw": cfg.hw}
+            "payload": cfg.payload, "dscp": cfg.dscp, "hw": cfg.hw, "txts": cfg.txts}
     lines = ["reset"] + [f"opt {k} {v}" for k, v in opts.items()]
     for i, nic in enumerate(cfg.nics):
         lines.append(f"nic {i} {nic.name} {nic.interface or '-'} {nic.address} {cfg.sport_first} {cfg.sport_count}")

@@ -8,7 +8,7 @@ docs/agent-protocol.md, "Probe mesh")::
      "interval_ms": 10, "window_ms": 1000, "port": 31901,
      "sport_first": 40000, "sport_count": null, "ecmp_paths": 16, "coverage": 0.99,
      "deadline_floor_ms": 5, "deadline_rtt_k": 4, "deadline_max_ms": null,
-     "payload_bytes": 0, "dscp": 0, "timestamps": "auto", "engine": "auto",
+     "payload_bytes": 0, "dscp": 0, "timestamps": "auto", "tx_timestamps": true, "engine": "auto",
      "paths": {"enabled": true, "max_ttl": 8, "traces_per_s": 50, "refresh_s": 600, "timeout_ms": 500},
      "routers": {"172.16.0.0": ["leaf-su00-r0", "node0000/nic0~leaf-su00-r0"]}}
 
@@ -76,6 +76,9 @@ ARGS = {
     "dscp": Arg(int, default=0, min=0, max=63, help="the probes' DSCP (their traffic class)"),
     "timestamps": Arg(str, default="auto", choices=("auto", "software", "hardware"),
                       help="auto: hardware stamps where the NIC has them on; hardware: also switch them on"),
+    "tx_timestamps": Arg(bool, default=True,
+                         help="kernel transmit stamps (from the error queue); false: user-space send times, "
+                              "about a fifth less CPU"),
     "engine": Arg(str, default="auto", choices=("auto", "native", "python"),
                   help="auto: the native helper when built, else the slower Python engine"),
     "paths": Arg(dict, default=None, help="path discovery: {enabled, max_ttl, traces_per_s, refresh_s, timeout_ms}"),
@@ -111,6 +114,7 @@ class EngineConfig:
     payload: int
     dscp: int
     hw: int  # 0 software, 1 hardware where on, 2 switch it on
+    txts: int  # 1: kernel TX stamps
     paths: dict = field(default_factory=dict)
     routers: dict = field(default_factory=dict)
 
@@ -332,6 +336,7 @@ def engine_config(plan: dict) -> EngineConfig:
         payload=int(plan["payload_bytes"]),
         dscp=int(plan["dscp"]),
         hw={"software": 0, "auto": 1, "hardware": 2}[plan["timestamps"]],
+        txts=1 if plan["tx_timestamps"] else 0,
         paths=dict(plan["paths"]),
         routers=_routers(plan["routers"]),
     )

@@ -43,7 +43,8 @@ def record(ev: dict, cfg: EngineConfig, engine: str, paths: PathDiscovery | None
         fwd = {"src": nic.name, "dst": peer, "via": "probe", "sent": p["sent"], "lost": p["lost"],
                "unresolved": p["unres"], "late": p["late"], "refused": p["refused"],
                "send_errors": p["send_errors"], "answered": p["answered"], "deadline_us": _us(p["deadline_ns"]),
-               "timestamps": "hardware" if p.get("hw") else ("software" if engine == "native" else "software-rx")}
+               "timestamps": "hardware" if p.get("hw") else (
+                   "software" if engine == "native" and cfg.txts else "software-rx")}
         rev = {"src": peer, "dst": nic.name, "via": "echo", "sent": p["rsent"], "lost": p["rlost"], "late": p["rlate"]}
         rtt = p.get("rtt")
         if rtt:

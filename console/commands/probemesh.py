@@ -89,8 +89,14 @@ class ProbeMeshPlan(Strict):
     payload_bytes = serializers.IntegerField(min_value=0, max_value=8972, required=False)
     dscp = serializers.IntegerField(min_value=0, max_value=63, required=False)
     timestamps = serializers.ChoiceField(("auto", "software", "hardware"), required=False)
+    tx_timestamps = serializers.BooleanField(required=False)
     engine = serializers.ChoiceField(("auto", "native", "python"), required=False)
     paths = PathSettings(required=False, allow_null=True)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and "tx_timestamps" in data and not isinstance(data["tx_timestamps"], bool):
+            raise serializers.ValidationError({"tx_timestamps": "must be true or false"})
+        return super().to_internal_value(data)
     routers = serializers.DictField(child=serializers.JSONField(), required=False, allow_null=True,
                                     allow_empty=True)
 

@@ -39,7 +39,7 @@ def variant(path: str, value) -> dict:
     return doc
 
 
-GOOD = [PLAN, {}, PLAN | {"sport_count": 8, "engine": "python", "timestamps": "hardware"},
+GOOD = [PLAN, {}, PLAN | {"sport_count": 8, "engine": "python", "timestamps": "hardware", "tx_timestamps": False},
         PLAN | {"interval_ms": 1, "deadline_floor_ms": 2}, PLAN | {"ecmp_paths": 64, "coverage": 0.999},
         PLAN | {"paths": None, "routers": None, "sport_count": None, "deadline_max_ms": None}]
 
@@ -66,6 +66,7 @@ BAD = [
     (PLAN | {"deadline_max_ms": 900}, "deadline_max_ms"),
     (PLAN | {"deadline_max_ms": 2, "deadline_floor_ms": 5}, "deadline_max_ms"),
     (PLAN | {"timestamps": "ptp"}, "timestamps"),
+    (PLAN | {"tx_timestamps": "yes"}, "tx_timestamps"),
     (PLAN | {"peers": []}, "peers"),
     (PLAN | {"nics": [{"name": f"me/nic{k}", "address": f"10.9.0.{k + 1}",
                        "peers": [[f"n{i}/nic0", f"10.1.{i // 250}.{i % 250 + 1}"] for i in range(500)]}

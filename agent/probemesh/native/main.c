@@ -99,6 +99,8 @@ static void handle_opt(const char *key, long long v)
         o->dscp = (int)v;
     else if (!strcmp(key, "hw"))
         o->hw = (int)v;
+    else if (!strcmp(key, "txts"))
+        o->txts = (int)v;
     else
         stage_error("unknown opt");
 }
@@ -108,7 +110,7 @@ static int opts_valid(const struct pm_opts *o)
     return o->window_ns >= 1000000 && o->interval_ns >= 100000 && o->port > 0 && o->port < 65536
            && o->deadline_floor_ns > 0 && o->deadline_max_ns >= o->deadline_floor_ns && o->deadline_k_milli > 0
            && o->grace_ns >= 0 && o->margin_ns >= 0 && o->payload >= 0 && o->payload <= PM_PAYLOAD_MAX
-           && o->dscp >= 0 && o->dscp < 64 && o->hw >= 0 && o->hw <= 2;
+           && o->dscp >= 0 && o->dscp < 64 && o->hw >= 0 && o->hw <= 2 && (o->txts == 0 || o->txts == 1);
 }
 
 /* -- applying a configuration in place ------------------------------------------------------- */
@@ -251,7 +253,7 @@ static int same_opts_for_peers(const struct pm_opts *a, const struct pm_opts *b)
 
 static int same_opts_for_sockets(const struct pm_opts *a, const struct pm_opts *b)
 {
-    return a->port == b->port && a->dscp == b->dscp && a->hw == b->hw;
+    return a->port == b->port && a->dscp == b->dscp && a->hw == b->hw && a->txts == b->txts;
 }
 
 static void apply_commit(void)

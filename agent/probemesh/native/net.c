@@ -128,9 +128,12 @@ int pm_open_socket(struct pm_nic *nic, uint16_t port, char *err, size_t errlen)
         setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof tos);
     }
     /* the looped TX stamp carries the packet, so it is matched by its own header (no OPT_ID) */
-    int flags = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+    int flags = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+    if (pm.opts.txts)
+        flags |= SOF_TIMESTAMPING_TX_SOFTWARE;
     if (nic->hw)
-        flags |= SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_RAW_HARDWARE;
+        flags |= SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RAW_HARDWARE
+                 | (pm.opts.txts ? SOF_TIMESTAMPING_TX_HARDWARE : 0);
     if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0) {
         if (!strstr(err, "SO_TIMESTAMPING")) {
             snprintf(msg, sizeof msg, "SO_TIMESTAMPING: %s; user-space stamps", strerror(errno));

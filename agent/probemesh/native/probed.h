@@ -18,6 +18,7 @@
  *                                              deadline_k_milli deadline_max_ns grace_ns margin_ns
  *                                              payload dscp hw (0 software, 1 use hardware stamps
  *                                              when the NIC has them on, 2 also switch them on)
+ *                                              txts (1: kernel TX stamps from the error queue)
  *   nic <i> <name> <ifname|-> <address> <sport_first> <sport_count>
  *   peer <i> <nic_i> <name> <address>
  *   commit                                     apply: NICs and peers that did not change keep
@@ -181,7 +182,7 @@ struct pm_nic {
 struct pm_opts {
     int64_t window_ns, interval_ns, deadline_floor_ns, deadline_k_milli, deadline_max_ns;
     int64_t grace_ns, margin_ns;
-    int port, payload, dscp, hw;
+    int port, payload, dscp, hw, txts;
 };
 
 struct pm_stats {
