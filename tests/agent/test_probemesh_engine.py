@@ -9,6 +9,7 @@ is what is tested.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -42,10 +43,10 @@ def helper_built():
 def two_hosts(base: str, port: int, engine_a: str, engine_b: str, **opts) -> tuple[dict, dict]:
     a = {"nics": [{"name": "ha/nic0", "address": f"{base}.1", "peers": [["hb/nic0", f"{base}.2"]]}],
          "port": port, "engine": engine_a, "sport_count": 8, "sport_first": port + 100, "window_ms": 300,
-         "deadline_floor_ms": 400, "paths": {"enabled": False}} | opts
+         "deadline_floor_ms": 550, "paths": {"enabled": False}} | opts
     b = {"nics": [{"name": "hb/nic0", "address": f"{base}.2", "peers": [["ha/nic0", f"{base}.1"]]}],
          "port": port, "engine": engine_b, "sport_count": 8, "sport_first": port + 200, "window_ms": 300,
-         "deadline_floor_ms": 400, "paths": {"enabled": False}} | opts
+         "deadline_floor_ms": 550, "paths": {"enabled": False}} | opts
     return a, b
 
 
@@ -70,7 +71,7 @@ def test_a_healthy_pair_loses_nothing_in_either_direction_and_sees_sane_delays(e
         # them when it fell far behind (this machine is shared: a process may wait 100s of ms)
         assert sum(w["sent"] for w in fwd) >= 0.5 * 90 and all(w["sent"] <= 36 for w in fwd), fwd
         for w in fwd:
-            assert w["lost"] == 0 and w["unresolved"] == 0 and w["late"] == 0, w
+            assert w["lost"] == 0 and w["unresolved"] == 0 and w["late"] == 0, json.dumps(w)
             assert w["answered"] == w["sent"]
             assert w["timestamps"] == ("software" if engine_a == "native" else "software-rx")
             assert w["owd_basis"] == "clock"  # both ends synchronized
