@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.probemesh.observations import ProbeWindowError, observations
+from workers.probemesh.observations import ProbeWindowError, check_record, observations
 
 START = 1796400000000000000
 
@@ -115,3 +115,9 @@ def test_bad_records_are_refused_with_the_field_named(records, message):
     with pytest.raises(ProbeWindowError) as err:
         observations(records)
     assert message in str(err.value)
+
+
+def test_one_record_can_be_checked_alone_as_a_telemetry_validator_would():
+    check_record(rec("a/nic0", [fwd("a/nic0", "b/nic0"), echo("b/nic0", "a/nic0")]))
+    with pytest.raises(ProbeWindowError, match=r"^data.probes\[0\].lost: 101 is more than sent 100$"):
+        check_record(rec("a/nic0", [fwd("a/nic0", "b/nic0", lost=101)]))

@@ -45,8 +45,10 @@ def _count(v: Any, where: str) -> int:
     return v
 
 
-def _check_record(r: Any, i: int) -> None:
-    where = f"records[{i}]"
+def check_record(r: Any, i: int | None = None) -> None:
+    """Raise ProbeWindowError naming the field when `r` is not a valid probe.window record
+    (what a console's telemetry validator for the kind needs); `i` prefixes `records[i]`."""
+    where = f"records[{i}]" if i is not None else "data"
     if not isinstance(r, dict):
         raise ProbeWindowError(f"{where}: must be an object")
     if r.get("format") != RECORD_FORMAT:
@@ -95,7 +97,7 @@ def observations(records: list[dict], *, topology: str | None = None, half_rtt: 
     if not isinstance(records, list):
         raise ProbeWindowError("records: must be a list")
     for i, r in enumerate(records):
-        _check_record(r, i)
+        check_record(r, i)
     starts = {r["start_ns"] for r in records}
     if len(starts) > 1:
         raise ProbeWindowError(f"records: {len(starts)} different windows (start_ns); give one window's records")
