@@ -13,8 +13,10 @@ Design (docs/agent-protocol.md, "Probe mesh", has the plan and the telemetry rec
   queue). The responder on each NIC echoes at once with its RX stamp, its send time, and the
   kernel TX stamp of its previous echo to that prober (a follow-up, as PTP's two-step).
 - **Deadline.** A probe unanswered within max(floor, k x the pair's RTT p99 of its last window)
-  is lost, decided as soon as its direction is known (a few intervals later), not after a long
-  timeout; the window is sent ``deadline + grace`` after it ends.
+  is lost, judged on the network round trip (the responder's turnaround taken out: a busy host
+  answering slowly is not network loss), settled as soon as its direction is known (a few
+  intervals later), not after a long timeout; the window is sent ``deadline + grace`` after it
+  ends.
 - **Direction.** Each echo carries the responder's bitmap of the 64 sequence numbers before it
   that it received: a lost probe the responder had is the echo's loss (reverse direction), one
   it never had is the probe's (forward). What no later echo resolves (the pair went dark) is

@@ -109,7 +109,7 @@ struct pm_acc { /* one peer, one window */
 struct pm_rec { /* one probe in flight */
     uint32_t seq;
     uint8_t used, final, answered, late, known, b_seen, has_fu, refused;
-    uint8_t a_synced, b_synced, hw, send_error, pending_lost;
+    uint8_t a_synced, b_synced, hw, send_error;
     uint16_t sport;
     int64_t window_ns;
     int64_t tx_mono, deadline_ns;
@@ -138,7 +138,6 @@ struct pm_peer {
     struct pm_acc acc[PM_SLOTS];
     int heap_pos;
     uint32_t index;            /* the configuration's peer index */
-    uint64_t pending_lost_live; /* probes past their deadline, not yet final (live view) */
 };
 
 struct pm_flow { /* responder side: one prober session */
