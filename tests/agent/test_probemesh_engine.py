@@ -176,18 +176,20 @@ def test_a_probe_unanswered_within_its_deadline_is_lost_when_its_window_closes(e
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_late_echo_is_lost_and_counted_late_on_the_slow_way(engine):
     """Every fifth echo leaves 35 ms after the responder stamped it, past the 20 ms deadline (and
-    before the 40 ms grace ends, after which it would simply be lost):
+    before the grace ends, after which it would simply be lost):
     lost, late, and with synchronized clocks blamed on the way back (its one-way delay)."""
     base, port = loopback_base(), free_udp_port()
     responder = ScriptedResponder(f"{base}.2", port, lambda seq: 0.035 if seq % 5 == 0 else "answer")
-    plan_a, _ = two_hosts(base, port, engine, engine, deadline_floor_ms=20, deadline_max_ms=20)
+    # one probe every 50 ms: a 200 ms grace, so the scripted responder (a thread of this
+    # process) may be late itself without the verdicts changing
+    plan_a, _ = two_hosts(base, port, engine, engine, deadline_floor_ms=20, deadline_max_ms=20, interval_ms=50,
+                          window_ms=1000)
     a = RunnerThread(plan_a, SyncedClock())
     try:
         windows = full_windows(a, "ha/nic0", "hb/nic0", 2, time.time())
         echoes = a.entries("hb/nic0", "ha/nic0", via="echo")[1:3]
         for w, e in zip(windows, echoes, strict=True):
-            # (a timer of the scripted responder that fires past the grace makes a loss, not late)
-            assert abs(e["late"] - w["sent"] / 5) <= 2 and e["lost"] >= e["late"], (w, e)
+            assert abs(e["late"] - w["sent"] / 5) <= 1 and e["lost"] == e["late"], (w, e)
             assert w["lost"] == 0 and w["late"] == 0, w
             assert w["answered"] == w["sent"] - e["late"]
     finally:
@@ -276,30 +278,38 @@ def test_bad_control_lines_are_answered_with_an_error_event():
         eng.close()
 
 
-def test_the_helper_under_address_sanitizer_gives_the_same_windows(monkeypatch):
-    """The sanitizer build (make native-asan) runs the healthy exchange without a report."""
+def test_the_helper_under_address_sanitizer_runs_probes_errors_and_a_replan_without_a_report(monkeypatch):
+    """The sanitizer build (make native-asan) through a healthy exchange, ICMP errors (a peer
+    with nothing listening) and a re-plan that rebuilds the NIC's sockets: any memory error or
+    undefined behaviour aborts it (abort_on_error), which the engine reports. (It runs several
+    times slower: on this shared machine its answers may come late, so the windows are checked
+    for traffic, not for zero loss.)"""
     build = subprocess.run(["make", "-s", "native-asan"], cwd=REPO, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     monkeypatch.setenv("LOCKSTEP_PROBED", str(REPO / "build/probemesh/lockstep-probed-asan"))
     monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1")
+    monkeypatch.setenv("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
     base, port = loopback_base(), free_udp_port()
     plan_a, plan_b = two_hosts(base, port, "native", "native")
     plan_a["nics"][0]["peers"].append(["hz/nic0", f"{base}.9"])  # nothing there: the error paths too
     a, b = RunnerThread(plan_a, SyncedClock()), RunnerThread(plan_b)
+    helper = a.runner.engine
     try:
-        assert "asan" in str(a.runner.engine.path)
+        assert "asan" in str(helper.path)
         for w in full_windows(a, "ha/nic0", "hb/nic0", 3, time.time()):
-            assert w["lost"] == 0, w
+            assert w["answered"] > 0, w
+        assert all(w["refused"] == w["sent"] for w in a.entries("ha/nic0", "hz/nic0")[1:3])
         # a re-plan while probing, with new source ports (the NIC's sockets are rebuilt)
         a.replan(plan_a | {"sport_first": port + 300, "nics": [plan_a["nics"][0] | {
             "peers": plan_a["nics"][0]["peers"][:1]}]})
         wait_for(lambda: a.runner.cfg.sport_first == port + 300, 10, "the re-plan applied")
         for w in full_windows(a, "ha/nic0", "hb/nic0", 2, time.time()):
-            assert w["lost"] == 0, w
+            assert w["answered"] > 0, w
         assert a.error is None and a.runner.engine.proc.poll() is None
     finally:
         a.stop()
         b.stop()
+    assert helper.proc.returncode == 0  # it exited on `quit`, without a sanitizer report
 
 
 def test_the_helper_costs_little_cpu_per_probe_and_the_python_engine_keeps_to_its_cap():
