@@ -86,7 +86,8 @@ void pm_flows_expire(struct pm_nic *nic, int64_t now)
         nic->nflows++;
     }
     free(old);
-    memset(nic->sent_ring, 0xff, sizeof(*nic->sent_ring) * PM_SENT_RING); /* flow indexes moved */
+    if (nic->sent_ring)
+        memset(nic->sent_ring, 0xff, sizeof(*nic->sent_ring) * PM_SENT_RING); /* flow indexes moved */
 }
 
 static void count_rx(struct pm_nic *nic, struct pm_flow *f, int64_t window)
@@ -223,7 +224,7 @@ void pm_responder_read(struct pm_sock *s)
             out[nout].msg_hdr.msg_iovlen = 1;
             out[nout].msg_hdr.msg_name = &from[i];
             out[nout].msg_hdr.msg_namelen = sizeof from[i];
-            if (f) {
+            if (f && nic->sent_ring) {
                 uint32_t k = (session * 2654435761u ^ seq) & (PM_SENT_RING - 1);
                 nic->sent_ring[k].session = session;
                 nic->sent_ring[k].seq = seq;
@@ -265,7 +266,7 @@ static void responder_error(struct pm_nic *nic, struct msghdr *msg, const uint8_
         return; /* an ICMP error about an echo (the prober went away): nothing to do */
     size_t rest = 0;
     const uint8_t *m = pm_find_magic(buf, n, &rest);
-    if (!m || rest < PM_ECHO_LEN || m[PM_P_TYPE] != PM_ECHO || !nic->flows)
+    if (!m || rest < PM_ECHO_LEN || m[PM_P_TYPE] != PM_ECHO || !nic->flows || !nic->sent_ring)
         return;
     uint32_t session = pm_get32(m + PM_E_SESSION), seq = pm_get32(m + PM_E_SEQ);
     uint32_t k = (session * 2654435761u ^ seq) & (PM_SENT_RING - 1);
