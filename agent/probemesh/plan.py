@@ -78,7 +78,7 @@ ARGS = {
                       help="auto: hardware stamps where the NIC has them on; hardware: also switch them on"),
     "tx_timestamps": Arg(bool, default=True,
                          help="kernel transmit stamps (from the error queue); false: user-space send times, "
-                              "about a fifth less CPU"),
+                              "about a quarter less CPU"),
     "engine": Arg(str, default="auto", choices=("auto", "native", "python"),
                   help="auto: the native helper when built, else the slower Python engine"),
     "paths": Arg(dict, default=None, help="path discovery: {enabled, max_ttl, traces_per_s, refresh_s, timeout_ms}"),
