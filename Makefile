@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/*.txt | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-sqlite lint host-packages agent-package clean
+.PHONY: demo test test-sqlite lint host-packages agent-package native native-asan clean
 
 $(STAMP): requirements/console.txt requirements/agent.txt requirements/runtime.txt requirements/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
@@ -19,6 +19,20 @@ $(STAMP): requirements/console.txt requirements/agent.txt requirements/runtime.t
 host-packages:
 	@./scripts/setup-host.sh
 
+# The probe mesh's native helper (agent/probemesh/native/): the agent runs it when it is built and
+# falls back to its slower Python engine (saying so in its health) when it is not.
+PROBED_SRC := $(wildcard agent/probemesh/native/*.c)
+PROBED_HDR := agent/probemesh/native/probed.h
+PROBED_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wconversion -Wno-sign-conversion
+build/probemesh/lockstep-probed: $(PROBED_SRC) $(PROBED_HDR)
+	@mkdir -p $(@D)
+	$(CC) $(PROBED_CFLAGS) -o $@ $(PROBED_SRC)
+build/probemesh/lockstep-probed-asan: $(PROBED_SRC) $(PROBED_HDR)
+	@mkdir -p $(@D)
+	$(CC) $(PROBED_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -o $@ $(PROBED_SRC)
+native: build/probemesh/lockstep-probed
+native-asan: build/probemesh/lockstep-probed-asan
+
 # The agent package /install.sh hands to nodes: the agent plus wheels of its dependencies,
 # fetched once here so nodes install without internet.
 agent-package: $(STAMP)
@@ -26,17 +40,17 @@ agent-package: $(STAMP)
 
 # The console on embedded defaults (SQLite, in-memory channel layer, tasks in-process) with an
 # emulated demo cluster; agents talk often so faults show within seconds.
-demo: $(STAMP) host-packages agent-package
+demo: $(STAMP) host-packages agent-package native
 	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
 # The whole suite, on the local PostgreSQL and Redis when they are installed (started if they
 # are down), or on DATABASE_URL/REDIS_URL when set; the first line says which parts it runs on.
-test: $(STAMP) host-packages
+test: $(STAMP) host-packages native
 	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The console and agent tests on embedded defaults (SQLite, no Redis).
-test-sqlite: $(STAMP)
+test-sqlite: $(STAMP) native
 	$(BIN)/python scripts/testenv.py --embedded -- $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
 
 lint: $(STAMP) host-packages

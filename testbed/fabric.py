@@ -279,6 +279,10 @@ class Fabric(AuditFaultsMixin, FaultsMixin, AgentsMixin):
         except KeyError as exc:
             raise TestbedError(f"{link_id!r} is not a link of topology {self.topology.name!r}") from exc
 
+    def router_addresses(self) -> dict[str, list]:
+        """Interface address -> [device, link id] (see `Plan.router_addresses`)."""
+        return self.plan.router_addresses()
+
     def ecmp_paths(self, src_nic: str, dst_nic: str) -> list[list[str]]:
         self._nic(src_nic)
         self._nic(dst_nic)

@@ -60,12 +60,18 @@ def ip_batch(lines: Iterable[str], ns: str | None = None, force: bool = False, c
 
 def ns_configure(ns: str, sysctls: list[tuple[str, str]], aliases: list[tuple[str, str]],
                  batch: list[str]) -> None:
-    """Inside `ns`: write sysctls and interface aliases, then run an `ip -batch`; one subprocess."""
+    """Inside `ns`: write sysctls and interface aliases, then run an `ip -batch`; one subprocess.
+
+    A sysctl whose name starts with ``?`` is optional: written where the kernel has it per
+    namespace, skipped where it does not.
+    """
     script = ('for kv in "$@"; do case "$kv" in '
+              '"?"*) kv=${kv#?}; printf %s "${kv#*=}" 2>/dev/null > "${kv%%=*}" || true;; '
               '/proc/*) printf %s "${kv#*=}" > "${kv%%=*}" || exit 1;; '
               '*) printf %s "${kv#*=}" > "/sys/class/net/${kv%%=*}/ifalias" || exit 1;; esac; done; '
               'exec ip -batch -')
-    args = [f"/proc/sys/{k}={v}" for k, v in sysctls] + [f"{ifname}={alias}" for ifname, alias in aliases]
+    args = [f"?/proc/sys/{k[1:]}={v}" if k.startswith("?") else f"/proc/sys/{k}={v}" for k, v in sysctls]
+    args += [f"{ifname}={alias}" for ifname, alias in aliases]
     argv = ["ip", "netns", "exec", ns, "sh", "-c", script, "sh", *args]
     proc = run(argv, input="\n".join(batch) + "\n", check=False, timeout=120)
     if proc.returncode != 0:

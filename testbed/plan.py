@@ -12,8 +12,9 @@ A `Plan` turns a validated `Topology` into everything the emulator creates:
   100.64.0.0/10; the management network is one /16 (bridge ``<prefix>mg`` in the root
   namespace holds .0.1, host i holds .0.0+i+2 on ``mgmt0``, its root end is ``<prefix>m<i>``);
 - routes: every switch holds one route per NIC block, with every equal-cost next hop on the
-  shortest paths (multipath); hosts route per NIC (policy rule ``from <nic address>`` -> table
-  100+i) and send unbound traffic for a block out of their NIC on that block's rail.
+  shortest paths (multipath); hosts route per NIC (policy rule ``from <nic address> iif lo`` ->
+  table 100+i, before the local table, so traffic between two NICs of a host crosses the fabric)
+  and send unbound traffic for a block out of their NIC on that block's rail.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ SWITCH_LINK_SPACE = ipaddress.ip_network("100.64.0.0/10")
 MAX_ACCESS_PER_SWITCH = 128
 HOST_TABLE_BASE = 100
 HOST_RULE_PREF_BASE = 1000
+LOCAL_RULE_PREF = 30000
 MGMT_IFNAME = "mgmt0"
 
 
@@ -171,12 +173,21 @@ class Plan:
                 ("net/ipv4/fib_multipath_hash_policy", "1"),
                 ("net/ipv4/conf/all/ignore_routes_with_linkdown", "1"),
                 ("net/ipv4/conf/default/ignore_routes_with_linkdown", "1"),
+                # path discovery: a switch answers an expired probe from the address of the port
+                # it came in on (so the answer names the link, see `router_addresses`), and
+                # answers every one (a real switch polices its control plane; the emulator
+                # does not, so tests can trace quickly)
+                ("net/ipv4/icmp_errors_use_inbound_ifaddr", "1"),
+                ("net/ipv4/icmp_ratelimit", "0"),
+                ("?net/ipv4/icmp_msgs_per_sec", "100000"),
+                ("?net/ipv4/icmp_msgs_burst", "10000"),
             ]
         return common + [
             ("net/ipv4/ip_forward", "0"),
             ("net/ipv4/fib_multipath_hash_policy", "1"),
             ("net/ipv4/conf/all/arp_ignore", "1"),
             ("net/ipv4/conf/all/arp_announce", "2"),
+            ("net/ipv4/conf/all/accept_local", "1"),  # a packet from the host's other NIC
         ]
 
     def ns_batch_create(self, ns: str) -> list[str]:
@@ -191,7 +202,12 @@ class Plan:
             lines.append(f"link set {MGMT_IFNAME} up")
             for nic_name in host.nics:
                 nic = self.nics[nic_name]
-                lines.append(f"rule add from {nic.address}/32 table {nic.table} pref {HOST_RULE_PREF_BASE + nic.index}")
+                lines.append(f"rule add from {nic.address}/32 iif lo table {nic.table} "
+                             f"pref {HOST_RULE_PREF_BASE + nic.index}")
+            # the local table after the per-NIC rules: traffic from one NIC of the host to another
+            # crosses the fabric (as between the rails of a GPU server) instead of staying inside
+            lines.append(f"rule add pref {LOCAL_RULE_PREF} lookup local")
+            lines.append("rule del pref 0 lookup local")
         lines.extend(self.routes(ns))
         return lines
 
@@ -208,6 +224,18 @@ class Plan:
         if host is not None:
             pairs.append((MGMT_IFNAME, f"lockstep-testbed mgmt {host.name}"))
         return pairs
+
+    def router_addresses(self) -> dict[str, list]:
+        """Every interface address of the fabric -> [device, link]: the device that owns it and
+        the link a probe arrives on there. Switches answer expired probes from the address of
+        their ingress port, so a traceroute's answers name the links of the path; a NIC's own
+        address names its access link (the last link of a path to it). The shape of the
+        probe.mesh plan's ``routers``."""
+        out: dict[str, list] = {}
+        for link in self.links.values():
+            for end in link.ends():
+                out[end.address] = [end.device, link.id]
+        return out
 
     def ends_in(self, ns: str) -> list[End]:
         return [end for link in self.links.values() for end in link.ends() if end.ns == ns]

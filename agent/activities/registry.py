@@ -19,7 +19,10 @@ A feature adds a module that declares its loop; the supervisor runs it::
 The loop runs in a thread of its own. It returns when ``ctx.running()`` turns false (a command
 stopped it, or the agent is shutting down). Raising, or returning while it should run, is a
 crash: the supervisor restarts it with exponential backoff and reports the error in the
-heartbeat. Arguments use the command framework's :class:`~agent.commands.Arg` schema.
+heartbeat. Arguments use the command framework's :class:`~agent.commands.Arg` schema; an
+activity whose plan has nested parts (lists of objects, cross-field bounds) adds ``check``, a
+function of the validated arguments that returns them (normalized) or raises ``ArgError`` naming
+the bad field, so ``activity.set`` refuses a bad plan before anything runs.
 
 ``essential`` activities are the agent's own flows (heartbeat, command poll, telemetry, the
 local socket): always running with their default arguments, never stopped or re-planned by
@@ -60,10 +63,12 @@ class ActivityType:
     essential: bool = False
     autostart: bool = False
     stall_after_s: float | None = None  # health says "stalled" after this long without progress
+    check: Callable[[dict], dict] | None = None  # deeper validation of the plan (raises ArgError)
 
     def validate(self, args: Any) -> dict:
         """The plan: ``args`` checked against the schema, defaults filled in (ArgError names the argument)."""
-        return validate_args(self.args, args)
+        plan = validate_args(self.args, args)
+        return self.check(plan) if self.check is not None else plan
 
     def describe(self) -> dict:
         return {
@@ -115,10 +120,11 @@ class ActivityRegistry:
         essential: bool = False,
         autostart: bool = False,
         stall_after_s: float | None = None,
+        check: Callable[[dict], dict] | None = None,
     ) -> Callable[[Loop], Loop]:
         def decorator(func: Loop) -> Loop:
             self.add(ActivityType(name, func, dict(args or {}), description or (func.__doc__ or "").strip(),
-                                  essential, autostart, stall_after_s))
+                                  essential, autostart, stall_after_s, check))
             return func
 
         return decorator
@@ -147,7 +153,8 @@ def activity(
     essential: bool = False,
     autostart: bool = False,
     stall_after_s: float | None = None,
+    check: Callable[[dict], dict] | None = None,
 ) -> Callable[[Loop], Loop]:
     """Register a loop in the default activity registry (see the module docstring)."""
     return default_activities.register(name, args=args, description=description, essential=essential,
-                                       autostart=autostart, stall_after_s=stall_after_s)
+                                       autostart=autostart, stall_after_s=stall_after_s, check=check)

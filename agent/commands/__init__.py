@@ -23,7 +23,8 @@ from agent.commands.registry import (
 )
 
 # Modules that ship with the agent and register command types or activities when imported.
-BUILTIN_MODULES = ("agent.commands.builtin", "agent.activities.builtin", "agent.audit.commands")
+BUILTIN_MODULES = ("agent.commands.builtin", "agent.activities.builtin", "agent.audit.commands",
+                   "agent.probemesh.activity")
 
 
 def load_modules(extra: tuple[str, ...] | list[str] = ()) -> None:

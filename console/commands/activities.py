@@ -4,6 +4,10 @@ The agent validates the plan against the activity's own schema (it knows which a
 version has); the console checks the shape, bounds the size and stamps a `revision` (the time
 of issue, in ns) so that commands that reach the agent out of order never undo a newer plan.
 Activities named `agent.*` are the agent's own flows and always run: they are refused here.
+
+An activity whose plan the console can check registers a serializer for it with
+:func:`register_plan` (e.g. ``console/commands/probemesh.py``): the plan is then validated (and
+normalized) by it, errors named under ``args``, and bounded by its own size.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from console.commands.registry import CommandType, register
 
 NAME_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
 PLAN_MAX_BYTES = 16 * 1024
+
+_plans: dict[str, tuple[type[serializers.Serializer], int]] = {}
+
+
+def register_plan(name: str, serializer: type[serializers.Serializer], max_bytes: int = PLAN_MAX_BYTES) -> None:
+    """Validate the plans of activity `name` with `serializer` (bounded to `max_bytes` of JSON)."""
+    existing = _plans.get(name)
+    if existing is not None and existing != (serializer, max_bytes):
+        raise ValueError(f"activity {name!r} already has a plan serializer")
+    _plans[name] = (serializer, max_bytes)
 
 
 class ActivitySetArgs(serializers.Serializer):
@@ -44,15 +58,47 @@ class ActivitySetArgs(serializers.Serializer):
     def validate_args(self, value):
         if not isinstance(value, dict):
             raise serializers.ValidationError("must be an object")
-        if len(json.dumps(value, separators=(",", ":"))) > PLAN_MAX_BYTES:
-            raise serializers.ValidationError(f"the plan is larger than {PLAN_MAX_BYTES} bytes")
         return value
 
     def validate(self, data):
         if data["state"] == "stopped" and "args" in data:
             raise serializers.ValidationError({"args": "a stopped activity takes no plan"})
+        if "args" in data:
+            serializer, max_bytes = _plans.get(data["name"], (None, PLAN_MAX_BYTES))
+            if len(json.dumps(data["args"], separators=(",", ":"))) > max_bytes:
+                raise serializers.ValidationError({"args": f"the plan is larger than {max_bytes} bytes"})
+            if serializer is not None:
+                plan = serializer(data=data["args"])
+                if not plan.is_valid():
+                    raise serializers.ValidationError({"args": _flatten(plan.errors)})
+                data["args"] = _plain(plan.validated_data)
         data.setdefault("revision", time.time_ns())
         return data
+
+
+def _flatten(errors, prefix: str = "") -> str:
+    """DRF's nested errors as one sentence naming each field: ``nics[0].address: ...``."""
+    if isinstance(errors, dict):
+        parts = []
+        for key, value in errors.items():
+            name = key if key != "non_field_errors" else ""
+            nested = prefix and name and not name.startswith(prefix)  # keys may already be full paths
+            sub = f"{prefix}.{name}" if nested else name or prefix
+            parts.append(_flatten(value, sub))
+        return "; ".join(p for p in parts if p)
+    if isinstance(errors, list):
+        if all(isinstance(e, str) for e in errors):
+            return f"{prefix}: {' '.join(errors)}" if prefix else " ".join(errors)
+        return "; ".join(_flatten(e, prefix) for e in errors)
+    return f"{prefix}: {errors}" if prefix else str(errors)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 register(

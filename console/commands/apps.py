@@ -7,4 +7,4 @@ class CommandsConfig(AppConfig):
     verbose_name = "Agent commands"
 
     def ready(self) -> None:
-        from console.commands import activities, audit, builtin  # noqa: F401  (register the built-in command types)
+        from console.commands import activities, audit, builtin, probemesh  # noqa: F401  (register the built-in command types)

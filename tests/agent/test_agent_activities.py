@@ -335,7 +335,7 @@ def test_activity_set_refusals_fail_the_command_with_a_sentence(console, start_d
     errors = {k: (console.command(c).status, console.command(c).error) for k, c in ids.items()}
     assert errors["unknown"][0] == "failed"
     assert errors["unknown"][1].startswith("Invalid arguments: unknown activity 'clock.sync': this agent (version ")
-    assert "health.report, inventory.report, test.crasher, test.ticker" in errors["unknown"][1]
+    assert "health.report, inventory.report, probe.mesh, test.crasher, test.ticker" in errors["unknown"][1]
     assert errors["essential"] == ("failed", "Invalid arguments: activity 'agent.heartbeat' is essential to the "
                                              "agent: it always runs and is not stopped or re-planned by commands.")
     assert errors["bad_plan"] == ("failed", "Invalid arguments: activity 'test.ticker': argument 'interval_s' must "

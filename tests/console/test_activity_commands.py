@@ -26,14 +26,14 @@ def _queue(world, fleet, args, user="carol"):
 @pytest.mark.django_db
 def test_an_operator_starts_an_activity_and_the_console_stamps_a_revision(world, fleet):
     before = time.time_ns()
-    response = _queue(world, fleet, {"name": "probe.mesh", "args": {"peers": ["node1/nic0"], "interval_s": 0.5}})
+    response = _queue(world, fleet, {"name": "example.loop", "args": {"peers": ["node1/nic0"], "interval_s": 0.5}})
     assert response.status_code == 201, response.json()
     command = Command.objects.get(pk=response.json()["id"])
     assert command.type == "activity.set" and command.timeout_s == 30
-    assert command.args["name"] == "probe.mesh" and command.args["state"] == "running"
+    assert command.args["name"] == "example.loop" and command.args["state"] == "running"
     assert command.args["args"] == {"peers": ["node1/nic0"], "interval_s": 0.5}
     assert before <= command.args["revision"] <= time.time_ns()
-    later, _ = command_services.issue_command(fleet.node, "activity.set", {"name": "probe.mesh", "state": "stopped"})
+    later, _ = command_services.issue_command(fleet.node, "activity.set", {"name": "example.loop", "state": "stopped"})
     assert later.args["revision"] > command.args["revision"]  # issued later: it wins on the agent
     kept, _ = command_services.issue_command(fleet.node, "activity.set", {"name": "clock.sync", "revision": 12})
     assert kept.args == {"name": "clock.sync", "state": "running", "revision": 12}
@@ -47,7 +47,7 @@ def test_an_operator_starts_an_activity_and_the_console_stamps_a_revision(world,
     ({"name": "agent.heartbeat", "state": "stopped"}, "name", "the agent's own flows"),
     ({"name": "probe.mesh", "state": "paused"}, "state", "not a valid choice"),
     ({"name": "probe.mesh", "args": [1, 2]}, "args", "must be an object"),
-    ({"name": "probe.mesh", "args": {"peers": ["x" * 100] * 200}}, "args", "larger than 16384 bytes"),
+    ({"name": "example.loop", "args": {"peers": ["x" * 100] * 200}}, "args", "larger than 16384 bytes"),
     ({"name": "probe.mesh", "state": "stopped", "args": {"peers": []}}, "args", "a stopped activity takes no plan"),
     ({"name": "probe.mesh", "revision": -1}, "revision", "greater than or equal to 0"),
     ({"name": "probe.mesh", "colour": "red"}, "colour", "unknown argument"),

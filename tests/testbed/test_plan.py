@@ -90,8 +90,10 @@ def test_hosts_route_per_nic_and_fall_back_when_a_nic_is_down():
     ns = plan.ns_of("node0000")
     nic0, nic1 = plan.nics["node0000/nic0"], plan.nics["node0000/nic1"]
     batch = plan.ns_batch_create(ns)
-    assert f"rule add from {nic0.address}/32 table {nic0.table} pref 1000" in batch
-    assert f"rule add from {nic1.address}/32 table {nic1.table} pref 1001" in batch
+    assert f"rule add from {nic0.address}/32 iif lo table {nic0.table} pref 1000" in batch
+    assert f"rule add from {nic1.address}/32 iif lo table {nic1.table} pref 1001" in batch
+    # the local table comes after them: NIC to NIC of one host goes through the fabric
+    assert batch.index("rule add pref 30000 lookup local") < batch.index("rule del pref 0 lookup local")
     routes = plan.routes(ns)
     rail1_block = plan.blocks["leaf-su01-r1"]
     assert f"route replace {rail1_block} via {nic1.gateway} dev nic1 src {nic1.address}" in routes
