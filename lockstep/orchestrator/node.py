@@ -358,7 +358,8 @@ class NodeSupervisor:
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_S:
                 last_beat = now
-                self.send({"op": "heartbeat", "spares": self._spares_left()})
+                self.send({"op": "heartbeat", "spares": self._spares_left(),
+                           "ranks": {str(p.rank): p.popen.pid for p in self.procs.values() if p.popen.poll() is None}})
             if ev is None:
                 continue
             kind = ev[0]

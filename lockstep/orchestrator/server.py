@@ -36,6 +36,7 @@ from lockstep.orchestrator.events import AgentEvents
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
 HEARTBEAT_EVENT_S = float(os.environ.get("LOCKSTEP_HEARTBEAT_EVENT_S", "5"))
+DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
 
 COMMANDS: dict = {}
 
@@ -237,7 +238,7 @@ class Orchestrator:
                 else:
                     self._from_rank(info, conn, msg)
                 await writer.drain()
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, asyncio.CancelledError):
             pass
         finally:
             conn.closed = True
@@ -285,11 +286,15 @@ class Orchestrator:
         plan = info.events.get("plan")
         if role == "replacement" and plan:
             conn.send(dict(plan, op="plan"))
+        if role == "worker" and "freeze" in info.events and info.report is None:
+            conn.send(info.events["freeze"])  # a recovery started before this rank connected
         self._changed.set()
         return info
 
     def _from_rank(self, info: RankInfo, conn: Conn, msg: dict):
         op = msg.get("op")
+        if DEBUG and op != "heartbeat":
+            print(f"lockstep[debug]: rank {info.rank} -> {str(msg)[:300]}", file=sys.stderr, flush=True)
         if op == "heartbeat":
             info.step = int(msg.get("step", info.step))
             info.step_time_s = float(msg.get("step_time_s", info.step_time_s))
@@ -323,9 +328,13 @@ class Orchestrator:
         node.last_seen = time.monotonic()
         if op == "heartbeat":
             node.spares = int(msg.get("spares", node.spares))
+            for r, pid in msg.get("ranks", {}).items():
+                info = self.ranks[int(r)]
+                if info.status not in ("lost", "recovering", "migrating"):
+                    info.node, info.pid = node.node, pid
             return
-        if op == "state" or op == "spawned" or op == "spawn_failed":
-            fut = self._pending.pop(int(msg.get("req", 0)), None)
+        if "req" in msg:
+            fut = self._pending.pop(int(msg["req"]), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
             if op == "spawned":
@@ -363,6 +372,7 @@ class Orchestrator:
     def _rank_exited(self, node: NodeInfo, msg: dict):
         rank = int(msg["rank"])
         info = self.ranks[rank]
+        info.node = node.node
         if msg.get("incarnation") and info.incarnation and msg["incarnation"] != info.incarnation:
             # An old incarnation (a rank replaced already, or a replacement abandoned).
             return
@@ -464,7 +474,8 @@ class Orchestrator:
         old_gen = self.generation
         gen = max(self.generation, max((int(r.events.get("plan", {}).get("generation", 0))
                                         for r in self.ranks.values()), default=0)) + 1
-        survivors = [r for r in self.ranks.values() if r.rank not in lost and r.status in ("running", "recovering")]
+        survivors = [r for r in self.ranks.values()
+                     if r.rank not in lost and r.status in ("starting", "running", "recovering")]
         if not survivors:
             raise core.Unrecoverable("every rank was lost: no data-parallel replica holds the model state")
         for r in lost:
@@ -474,7 +485,8 @@ class Orchestrator:
             s.report = None
             s.events.pop("rebuilt", None)
             s.status = "recovering"
-            self.send_rank(s.rank, {"op": "freeze", "generation": old_gen, "lost": lost})
+            s.events["freeze"] = {"op": "freeze", "generation": old_gen, "lost": lost}
+            self.send_rank(s.rank, s.events["freeze"])
         # The lost ranks' small state, from the shared memory of their nodes.
         sources = {}
         for r in lost:
@@ -482,12 +494,10 @@ class Orchestrator:
         # Replacements: a spare each, started now (they fast-forward while the survivors report).
         for r in lost:
             await self._start_replacement(r, gen, sources[r], resume_at=_post_step(sources[r]))
-        await self.wait_until(lambda: all(s.report is not None or s.conn is None for s in survivors),
-                              "the survivors' progress reports")
+        # A survivor that has not connected yet gets the freeze order when it says hello.
+        await self.wait_until(lambda: all(s.report is not None for s in survivors), "the survivors' progress reports")
         reports = []
         for s in survivors:
-            if s.report is None:
-                raise core.Unrecoverable(f"rank {s.rank} disconnected during recovery")
             reports.append(core.SurvivorReport(
                 s.rank, int(s.report["step_no"]),
                 {g: core.GroupProgress.from_report(p) for g, p in s.report["groups"].items()},

@@ -142,8 +142,11 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self.unlogged: set[Key] = set()
         self.unprotected_ops: set[str] = set()
         self._rebuild_served = 0
+        self._target = generation
         if build_now:
-            self._gen = _Generation(generation, backend_factory(generation))
+            # Built on a thread: if a member dies before the group is first formed, the main
+            # thread waits on a collective (recoverable), never inside the backend's constructor.
+            self._build_async(generation)
 
     # -- identity (what DDP and dist.* ask) -------------------------------------------------
 
@@ -185,6 +188,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
             grad = not caller.endswith(_C10D_FILE)
         op.grad = grad
         op.tag = current_tag()
+        if grad and rt.first_grad_op_pending:
+            rt.on_first_grad_op()
         decision = "live"
         with self._lock:
             interval = rt.step_no
@@ -197,7 +202,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
             op.seq = self._next_seq
             self._next_seq += 1
             if rt.replaying:
-                decision = rt.replay_decision(op.key, grad)
+                decision = rt.replay_decision(self.group_id, op.key, grad)
             if decision == "live":
                 if self._broken or self._gen is None:
                     self._queued.append(op)
@@ -206,8 +211,6 @@ class ResilientProcessGroup(dist.ProcessGroup):
                     self._inflight.append(op)
                     gen = self._gen
         if decision == "live":
-            if grad and rt.first_grad_op_pending:
-                rt.on_first_grad_op()
             self._launch(op, gen)
         elif decision != "queued":
             self._complete_locally(op, decision)
@@ -316,9 +319,13 @@ class ResilientProcessGroup(dist.ProcessGroup):
         """Build generation ``generation`` (blocks until every member has joined) and re-run,
         in order, the ops from ``rerun_from_seq`` on: one this rank already completed is re-run
         with its saved inputs into scratch outputs, the others into the user's tensors."""
+        with self._lock:
+            self._target = generation
         backend = self._factory(generation)
         gen = _Generation(generation, backend)
         with self._lock:
+            if generation != self._target:
+                return
             self._gen = gen
             rerun = list(self._inflight) + self._queued
             self._queued = []
@@ -336,16 +343,38 @@ class ResilientProcessGroup(dist.ProcessGroup):
             for op in rerun:
                 self._launch(op, gen)
 
-    def join_live(self, generation: int):
-        """A replacement's first live generation (it has no history to re-run)."""
-        backend = self._factory(generation)
+    def _build_async(self, generation: int):
+        def build():
+            try:
+                backend = self._factory(generation)
+            except Exception as exc:
+                with self._lock:
+                    stale = generation != self._target
+                if not stale:
+                    self._runtime.on_group_error(self, generation, exc)
+                return
+            self._adopt(generation, backend)
+
+        threading.Thread(target=build, name=f"lockstep-build-{self.group_id}-{generation}", daemon=True).start()
+
+    def _adopt(self, generation: int, backend, replacement: bool = False):
         with self._lock:
+            if generation != self._target:
+                return  # superseded while it was being built (a member died meanwhile)
             self._gen = _Generation(generation, backend)
+            if self._broken and not replacement:
+                return  # frozen for a recovery meanwhile: the rebuild runs what is queued
             self._broken = False
             queued, self._queued = self._queued, []
             for op in queued:
                 self._inflight.append(op)
                 self._launch(op, self._gen)
+
+    def join_live(self, generation: int):
+        """A replacement's first live generation (it has no history to re-run)."""
+        with self._lock:
+            self._target = generation
+        self._adopt(generation, self._factory(generation), replacement=True)
 
     def fail(self, message: str):
         """The job cannot recover: every waiting collective raises ``GroupLost``."""

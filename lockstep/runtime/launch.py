@@ -67,6 +67,7 @@ def prepare(argv: list[str]):
                                  "recovery plan")
                 rt.live_after = dict(rt.plan.live_after)
                 rt.phase = "replay"
+                rt.controller.send({"op": "resumed", "step": 0, "exact": True})
             else:
                 rt.side_effects.suppress()
     return rt
@@ -104,6 +105,11 @@ def run_script(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("LOCKSTEP_DEBUG_STACKS"):
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     rt = prepare(argv)
     code = run_script(argv)
     if rt.controller is not None:

@@ -227,7 +227,8 @@ def install(rt):
         factory = _backend_factory(opts.store, opts.group_rank, opts.group_size, timeout, inner_name, gid)
         pg = ResilientProcessGroup(rank=opts.group_rank, size=opts.group_size, group_id=gid, runtime=rt,
                                    backend_factory=factory, inner_name=inner_name, timeout=timeout,
-                                   generation=rt.generation, build_now=not rt.replaying)
+                                   generation=rt.plan.generation if rt.plan is not None else rt.generation,
+                                   build_now=rt.phase != "ff")
         rt.groups[gid] = pg
         return pg
 
