@@ -37,6 +37,7 @@ RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
 HEARTBEAT_EVENT_S = float(os.environ.get("LOCKSTEP_HEARTBEAT_EVENT_S", "5"))
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
+LINE_LIMIT = 256 << 20  # a lost rank's state (buffers included) travels in one line
 
 COMMANDS: dict = {}
 
@@ -172,12 +173,12 @@ class Orchestrator:
         from lockstep.schedulers import get_scheduler
 
         self.scheduler = get_scheduler(self.scheduler_name, self)
-        tcp = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
+        tcp = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True, limit=LINE_LIMIT)
         self.port = tcp.sockets[0].getsockname()[1]
         sock_path = os.path.join(self.dir, "control.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
-        unix = await asyncio.start_unix_server(self._handle_cli, sock_path)
+        unix = await asyncio.start_unix_server(self._handle_cli, sock_path, limit=LINE_LIMIT)
         os.chmod(sock_path, 0o600)
         jobdir.write_json(os.path.join(self.dir, "job.json"), {
             "job": self.job, "orchestrator": f"{self.host}:{self.port}", "pid": os.getpid(),

@@ -143,6 +143,10 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self.unprotected_ops: set[str] = set()
         self._rebuild_served = 0
         self._target = generation
+        # Backends of past generations are kept alive for good: the last reference to one must
+        # not drop on one of its own threads (a completion callback), whose destructor would
+        # then join itself and abort the process.
+        self._retired: list[_Generation] = []
         if build_now:
             # Built on a thread: if a member dies before the group is first formed, the main
             # thread waits on a collective (recoverable), never inside the backend's constructor.
@@ -325,7 +329,10 @@ class ResilientProcessGroup(dist.ProcessGroup):
         gen = _Generation(generation, backend)
         with self._lock:
             if generation != self._target:
+                self._retired.append(gen)
                 return
+            if self._gen is not None:
+                self._retired.append(self._gen)
             self._gen = gen
             rerun = list(self._inflight) + self._queued
             self._queued = []
@@ -361,6 +368,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
         with self._lock:
             if generation != self._target:
                 return  # superseded while it was being built (a member died meanwhile)
+            if self._gen is not None:
+                self._retired.append(self._gen)
             self._gen = _Generation(generation, backend)
             if self._broken and not replacement:
                 return  # frozen for a recovery meanwhile: the rebuild runs what is queued
@@ -389,7 +398,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
 
     def close(self):
         with self._lock:
-            gen, self._gen = self._gen, None
+            gen = self._gen
         if gen is not None:
             try:
                 gen.backend.shutdown()
