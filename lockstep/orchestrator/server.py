@@ -127,6 +127,7 @@ class Orchestrator:
         self._lost_queue: set[int] = set()
         self._done = asyncio.Event()
         self.exit_code = 0
+        self.failure: str | None = None
         self.started = time.time()
         if resume:
             self._load_journal()
@@ -252,6 +253,9 @@ class Orchestrator:
 
     def _hello(self, conn: Conn, msg: dict):
         role = msg.get("role")
+        if DEBUG:
+            print(f"lockstep[debug]: hello {role} {msg.get('rank', msg.get('node'))} {msg.get('incarnation', '')}",
+                  file=sys.stderr, flush=True)
         conn.role = role
         if role == "supervisor":
             n = int(msg["node"])
@@ -431,6 +435,7 @@ class Orchestrator:
         if self._done.is_set():
             return
         print(f"lockstep: job {self.job} failed: {message}", file=sys.stderr, flush=True)
+        self.failure = message
         self._event("job.failed", {"message": message})
         self.exit_code = code
         for r in self.ranks.values():
@@ -600,7 +605,7 @@ class Orchestrator:
         replacement.status = "migrating"
         try:
             await self._start_replacement(rank, gen, source, resume_at=None,
-                                          ff_limit=max(0, _post_step(source) - 1))
+                                          ff_limit=max(0, (_post_step(source) or 0) - 1))
             while True:
                 await self.wait_until(lambda: "ff_progress" in replacement.events, "the replacement's fast-forward",
                                       timeout=RECOVERY_TIMEOUT_S)
@@ -610,7 +615,7 @@ class Orchestrator:
                 replacement.events.pop("ff_progress", None)
                 source = await self.node_request(old_node, {"op": "read_state", "rank": rank})
                 source = source["source"]
-                self._update_plan(rank, {"source": source, "ff_limit": max(0, _post_step(source) - 1)})
+                self._update_plan(rank, {"source": source, "ff_limit": max(0, (_post_step(source) or 0) - 1)})
             live = [old, *others]
             step_time = max(r.step_time_s for r in live)
             boundary = core.hold_boundary([r.step for r in live], step_time)
@@ -696,6 +701,13 @@ class Orchestrator:
                     reply = await handler(self, msg)
                 except core.Unrecoverable as exc:
                     reply = {"ok": False, "error": str(exc)}
+                except asyncio.CancelledError:
+                    reply = {"ok": False, "error": self.failure or "interrupted by a failure elsewhere in the job"}
+                except Exception as exc:  # answer, never leave the CLI hanging on a closed socket
+                    import traceback
+
+                    traceback.print_exc()
+                    reply = {"ok": False, "error": f"internal error: {exc!r}"}
             conn.send(reply)
             await writer.drain()
         except (ValueError, ConnectionError, OSError):

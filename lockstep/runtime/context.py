@@ -93,6 +93,7 @@ class Runtime:
         self.tainted = False
         self.live_after: dict[str, tuple | None] = {}
         self._original_stderr = sys.stderr
+        self._fault = _parse_fault(env) if self.role == "worker" else None
         if self.node_dir:
             paths = smallstate.rank_paths(self.node_dir, self.rank)
             if self.role == "worker":
@@ -244,6 +245,16 @@ class Runtime:
         if self._records is not None:
             self._records.append(meta, blob)
 
+    # -- fault injection (tests) -------------------------------------------------------------
+
+    def fault_point(self, point: str, index: int = 0):
+        """``LOCKSTEP_FAULT=rank:step:point[:index]`` makes that rank SIGKILL itself there, for
+        tests that need a failure at an exact place (``grad:2`` = as the third gradient bucket
+        of the step is handed to the group: in the middle of the backward pass)."""
+        f = self._fault
+        if f and f[0] == self.rank and f[1] == self.step_no and f[2] == point and f[3] == index:
+            os.kill(os.getpid(), 9)
+
     # -- hooks -----------------------------------------------------------------------------
 
     def on_first_grad_op(self):
@@ -254,6 +265,8 @@ class Runtime:
         self._write_small("mid")
 
     def on_pre_step(self, opt):
+        if self._fault:
+            self.fault_point("pre")
         if self.phase == "replay":
             self.plan.pin("pre", self.step_no, self)
         self._write_small("pre")
@@ -280,6 +293,8 @@ class Runtime:
                 action()
         if self.hold_at is not None and self.step_no >= self.hold_at:
             self._hold()
+        if self._fault:
+            self.fault_point("post")
 
     def _snapshot_boundary(self):
         snap = {
@@ -425,6 +440,14 @@ class Runtime:
         if "buffers" in fields:
             self._set_buffers(fields["buffers"])
         self.rng.restore(fields)
+
+
+def _parse_fault(env) -> tuple | None:
+    spec = env.get("LOCKSTEP_FAULT")
+    if not spec:
+        return None
+    parts = spec.split(":")
+    return (int(parts[0]), int(parts[1]), parts[2], int(parts[3]) if len(parts) > 3 else 0)
 
 
 def _copy_state(sd: dict) -> dict:

@@ -194,6 +194,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
         op.tag = current_tag()
         if grad and rt.first_grad_op_pending:
             rt.on_first_grad_op()
+        if rt._fault and grad:
+            rt.fault_point("grad", self._index if rt.step_no == self._interval else 0)
         decision = "live"
         with self._lock:
             interval = rt.step_no

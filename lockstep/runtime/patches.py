@@ -115,6 +115,9 @@ class IterProxy:
 
     def _next_ff(self):
         rt = self._rt
+        if self._length is None:
+            # Learned late in a proactive migration: the rank being replaced is still training.
+            self._length = rt.plan.iterator_length(self.loader_id, self.index)
         if self._length is not None and self.pos >= self._length:
             self._finish()
             raise StopIteration
