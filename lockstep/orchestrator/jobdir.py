@@ -28,7 +28,7 @@ def state_dir() -> str:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return os.path.join(xdg, "lockstep")
-    return f"/tmp/lockstep-{os.getuid()}"
+    return f"/tmp/lockstep-{os.getuid()}"  # noqa: S108 (created 0700; job_dir refuses one not ours)
 
 
 def check_name(name: str) -> str:
@@ -41,6 +41,8 @@ def job_dir(name: str, create: bool = False) -> str:
     path = os.path.join(state_dir(), "jobs", check_name(name))
     if create:
         os.makedirs(path, mode=0o700, exist_ok=True)
+        if os.stat(state_dir()).st_uid != os.getuid():
+            raise PermissionError(f"{state_dir()} belongs to another user; set LOCKSTEP_STATE_DIR")
         os.chmod(path, 0o700)
     return path
 

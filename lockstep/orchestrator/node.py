@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import queue
@@ -91,14 +92,15 @@ class NodeSupervisor:
         leader = spec.node_rank == 0
         if spec.node_rank is None:
             try:
-                self.store = dist.TCPStore("0.0.0.0", spec.master_port, None, True, timeout=timeout,
+                # All interfaces, as torchrun's agent store: the other nodes' workers connect to it.
+                self.store = dist.TCPStore("0.0.0.0", spec.master_port, None, True, timeout=timeout,  # noqa: S104
                                            wait_for_workers=False)
                 leader = True
             except Exception:
                 leader = False
         if leader:
             if self.store is None:
-                self.store = dist.TCPStore("0.0.0.0", spec.master_port, None, True, timeout=timeout,
+                self.store = dist.TCPStore("0.0.0.0", spec.master_port, None, True, timeout=timeout,  # noqa: S104
                                            wait_for_workers=False)
             self.node_rank = 0
             self.store.add("lockstep/node_counter", 1)
@@ -118,9 +120,11 @@ class NodeSupervisor:
     def _start_orchestrator(self, resume: bool):
         spec = self.spec
         port = int(self.orch_addr.rsplit(":", 1)[1]) if self.orch_addr else 0
-        env = dict(self.base_env, LOCKSTEP_JOB_TOKEN=self.token)
+        env = dict(self.base_env, LOCKSTEP_JOB_TOKEN=self.token,
+                   LOCKSTEP_LAUNCH=json.dumps(dataclasses.asdict(spec)), LOCKSTEP_JOB_CWD=os.getcwd())
         cmd = [sys.executable, "-m", "lockstep.orchestrator", "--job", self.job, "--world-size", str(spec.world_size),
-               "--nnodes", str(spec.nnodes), "--scheduler", self.scheduler, "--port", str(port)]
+               "--nnodes", str(spec.nnodes), "--scheduler", self.scheduler, "--port", str(port),
+               "--advertise", spec.master_addr if spec.nnodes > 1 else "127.0.0.1"]
         if resume:
             cmd.append("--resume")
         self.orch_proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=_pdeathsig)
@@ -143,7 +147,8 @@ class NodeSupervisor:
         self.events.put(("orchestrator_exit", code))
 
     def _node_dir(self) -> str:
-        root = os.environ.get("LOCKSTEP_SHM_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+        # Per-user directory, mode 0700: the ranks' state is readable by the job's user only.
+        root = os.environ.get("LOCKSTEP_SHM_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")  # noqa: S108
         path = os.path.join(root, f"lockstep-{os.getuid()}", f"{self.job}-node{self.node_rank}-{os.getpid()}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         os.chmod(os.path.dirname(path), 0o700)
@@ -320,21 +325,33 @@ class NodeSupervisor:
 
     # -- main loop -------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, join: dict | None = None) -> int:
+        """``join``: this node is a spare a scheduler plugin started to host one replacement
+        (``{"node", "rank", "generation", "incarnation"}``); the job's orchestrator and token come
+        from the environment instead of the rendezvous."""
         self.spares_used = 0
         self.done_requested = False
         for note in self.spec.notes:
             self.log(note)
-        self._rendezvous()
+        if join is None:
+            self._rendezvous()
+        else:
+            self.node_rank = int(join["node"])
+            self.orch_addr = os.environ["LOCKSTEP_ORCHESTRATOR"]
+            self.token = os.environ["LOCKSTEP_JOB_TOKEN"]
+            self.base_env.pop("LOCKSTEP_JOB_TOKEN", None)
         self.node_dir = self._node_dir()
         threading.Thread(target=self._connect_loop, daemon=True).start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda s, f: self.events.put(("signal", s)))
-        nproc = self.spec.nproc_per_node
-        for local in range(nproc):
-            rank = self.node_rank * nproc + local
-            self._spawn(rank, local, "worker", 0, f"{self.job}-r{rank}-g0")
-        self._start_warm_spares(min(self._spares_left(), 1 if self.spares_budget else 0))
+        if join is None:
+            nproc = self.spec.nproc_per_node
+            for local in range(nproc):
+                rank = self.node_rank * nproc + local
+                self._spawn(rank, local, "worker", 0, f"{self.job}-r{rank}-g0")
+            self._start_warm_spares(min(self._spares_left(), 1 if self.spares_budget else 0))
+        else:
+            self._spawn(int(join["rank"]), 0, "replacement", int(join["generation"]), join["incarnation"])
         try:
             return self._loop()
         finally:
@@ -392,3 +409,25 @@ class NodeSupervisor:
 def run(spec: launchspec.LaunchSpec, *, job: str, spares: int, scheduler: str) -> int:
     jobdir.check_name(job)
     return NodeSupervisor(spec, job=job, spares=spares, scheduler=scheduler).run()
+
+
+def spec_from_env() -> launchspec.LaunchSpec:
+    return launchspec.LaunchSpec(**json.loads(os.environ["LOCKSTEP_LAUNCH"]))
+
+
+def join_main(argv=None) -> int:
+    """``python -m lockstep.orchestrator.node --join NODE RANK GENERATION INCARNATION``: what a
+    scheduler plugin starts on a spare node (environment: LOCKSTEP_ORCHESTRATOR, LOCKSTEP_JOB,
+    LOCKSTEP_JOB_TOKEN, LOCKSTEP_LAUNCH)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lockstep.orchestrator.node")
+    ap.add_argument("--join", nargs=4, metavar=("NODE", "RANK", "GENERATION", "INCARNATION"), required=True)
+    args = ap.parse_args(argv)
+    node, rank, generation, incarnation = args.join
+    sup = NodeSupervisor(spec_from_env(), job=os.environ["LOCKSTEP_JOB"], spares=0, scheduler="local")
+    return sup.run({"node": node, "rank": rank, "generation": generation, "incarnation": incarnation})
+
+
+if __name__ == "__main__":
+    sys.exit(join_main())

@@ -246,9 +246,7 @@ class Orchestrator:
             conn.closed = True
             with contextlib.suppress(Exception):
                 writer.close()
-            if conn.role == "supervisor" and info is not None and info.conn is conn:
-                info.conn = None
-            elif isinstance(info, RankInfo) and info.conn is conn:
+            if conn.role == "supervisor" and info is not None and info.conn is conn or isinstance(info, RankInfo) and info.conn is conn:
                 info.conn = None
 
     def _hello(self, conn: Conn, msg: dict):
@@ -625,7 +623,7 @@ class Orchestrator:
                     r.events.pop("hold_missed", None)
                     if r.conn:
                         r.conn.send({"op": "hold", "boundary": boundary})
-                await self.wait_until(lambda: all(r.holding_at == boundary or "hold_missed" in r.events for r in live),
+                await self.wait_until(lambda b=boundary: all(r.holding_at == b or "hold_missed" in r.events for r in live),
                                       f"every rank to hold at step {boundary}")
                 if not any("hold_missed" in r.events for r in live):
                     break
@@ -675,6 +673,9 @@ class Orchestrator:
         self._event("job.migration_finished", dict(result, reason="proactive"))
         self._journal()
         return result
+
+    def host_for_nodes(self) -> str:
+        return getattr(self, "advertise", "127.0.0.1")
 
     # -- CLI -------------------------------------------------------------------------------
 
@@ -741,9 +742,10 @@ def main(argv=None):
     ap.add_argument("--world-size", type=int, required=True)
     ap.add_argument("--nnodes", type=int, default=1)
     ap.add_argument("--scheduler", default="local")
-    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--host", default="0.0.0.0")  # noqa: S104 (the nodes' supervisors and ranks connect; hello needs the job token)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--advertise", default="127.0.0.1", help="the address other nodes reach this host at")
     args = ap.parse_args(argv)
     token = os.environ.get("LOCKSTEP_JOB_TOKEN", "")
     if not token:
@@ -751,6 +753,7 @@ def main(argv=None):
         return 2
     orch = Orchestrator(job=args.job, token=token, world_size=args.world_size, nnodes=args.nnodes,
                         scheduler_name=args.scheduler, host=args.host, port=args.port, resume=args.resume)
+    orch.advertise = args.advertise
     signal.signal(signal.SIGTERM, lambda *a: orch._done.set())
     return asyncio.run(orch.serve())
 

@@ -18,6 +18,7 @@ same resume path a replacement takes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -104,11 +105,9 @@ class Runtime:
 
     def say(self, message: str):
         """One line on the rank's real stderr (also while a replacement swallows output)."""
-        try:
+        with contextlib.suppress(Exception):
             self._original_stderr.write(f"[lockstep rank {self.rank}] {message}\n")
             self._original_stderr.flush()
-        except Exception:
-            pass
 
     def note_unprotected(self, reason: str):
         if reason not in self.problems:

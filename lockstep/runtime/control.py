@@ -11,6 +11,7 @@ orchestrator restarts. The rank sends ``hello``, ``heartbeat`` (step, step time;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -56,10 +57,8 @@ class Controller:
         sock, self._sock = self._sock, None
         self._connected.clear()
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)

@@ -31,6 +31,7 @@ The hot path (a live op) costs a Python call, the input copy and a completion ca
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import threading
 from collections.abc import Callable
@@ -402,10 +403,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
         with self._lock:
             gen = self._gen
         if gen is not None:
-            try:
+            with contextlib.suppress(Exception):  # a backend of a dead generation may refuse
                 gen.backend.shutdown()
-            except Exception:  # a backend of a dead generation may refuse; nothing to keep
-                pass
 
     # -- the collectives ------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ The script's exit status is the process's, as with ``python``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import runpy
 import sys
@@ -24,10 +25,8 @@ def _exit(code: int):
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:
-                pass
         # Skip interpreter teardown: destroying a communicator whose peers are gone can abort.
         os._exit(code)
 

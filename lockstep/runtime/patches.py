@@ -16,6 +16,7 @@ script runs. Each one is the narrowest public or semi-public seam that sees what
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from datetime import timedelta
@@ -25,8 +26,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader
 
 from lockstep.runtime import smallstate
@@ -106,10 +107,8 @@ class IterProxy:
     def _finish(self):
         self.exhausted = True
         rt = self._rt
-        try:
+        with contextlib.suppress(ValueError):
             rt.proxies.remove(self)
-        except ValueError:
-            pass
         if self._mode == "live" and rt.phase == "live":
             rt.record({"ev": "end", "loader": self.loader_id, "index": self.index, "length": self.pos})
 

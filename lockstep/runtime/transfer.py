@@ -16,6 +16,7 @@ plain containers only, never arbitrary pickles from the network.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import io
 import json
@@ -64,10 +65,10 @@ def recv_exact(sock: socket.socket, buf: bytearray, n: int) -> bytes:
 
 
 class StateServer:
-    def __init__(self, runtime, token: str, host: str = "0.0.0.0"):
+    def __init__(self, runtime, token: str, host: str = "0.0.0.0"):  # noqa: S104 (replacements on other nodes)
         self.runtime = runtime
         self.token = token
-        self.sock = socket.create_server((host, 0), reuse_port=False)
+        self.sock = socket.create_server((host, 0), reuse_port=False)  # requests carry the job token
         self.port = self.sock.getsockname()[1]
         self._thread = threading.Thread(target=self._serve, name="lockstep-state-server", daemon=True)
         self._thread.start()
@@ -96,10 +97,8 @@ class StateServer:
                 else:
                     self._reply(conn, {"ok": False, "error": f"unknown op {op!r}"})
             except (ConnectionError, OSError, ValueError, KeyError) as exc:
-                try:
+                with contextlib.suppress(OSError):
                     self._reply(conn, {"ok": False, "error": str(exc)})
-                except OSError:
-                    pass
 
     @staticmethod
     def _reply(conn, header: dict, payload: bytes = b""):
