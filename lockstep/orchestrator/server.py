@@ -242,6 +242,10 @@ class Orchestrator:
                 await writer.drain()
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass
+        except Exception:  # a bug in a handler: say so, drop this connection (it reconnects)
+            import traceback
+
+            traceback.print_exc()
         finally:
             conn.closed = True
             with contextlib.suppress(Exception):

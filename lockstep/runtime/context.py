@@ -194,7 +194,7 @@ class Runtime:
         bufs = self.buffers()
         if not bufs:
             return b""
-        return b"".join(b.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() for b in bufs)
+        return b"".join(b.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for b in bufs)
 
     def _set_buffers(self, blob: bytes):
         bufs = self.buffers()
@@ -202,7 +202,7 @@ class Runtime:
         with torch.no_grad():
             for b in bufs:
                 n = b.numel() * b.element_size()
-                src = torch.frombuffer(bytearray(blob[off:off + n]), dtype=torch.uint8).view(b.dtype).view(b.shape)
+                src = torch.frombuffer(bytearray(blob[off:off + n]), dtype=torch.uint8).view(b.dtype).reshape(b.shape)
                 b.copy_(src)
                 off += n
         if off != len(blob):

@@ -54,11 +54,14 @@ def prepare(argv: list[str]):
         from lockstep.runtime.control import Controller
 
         token = os.environ.get("LOCKSTEP_JOB_TOKEN", "")
-        rt.controller = Controller(rt, addr, token, os.environ.get("LOCKSTEP_INCARNATION") or uuid.uuid4().hex)
         if rt.role == "replacement":
             from lockstep.runtime.replacement import Plan
 
-            rt.plan = Plan(rt, rt.controller, token)
+            # Before the controller connects: the plan is the first thing it is sent.
+            rt.plan = Plan(rt, None, token)
+        rt.controller = Controller(rt, addr, token, os.environ.get("LOCKSTEP_INCARNATION") or uuid.uuid4().hex)
+        if rt.role == "replacement":
+            rt.plan.controller = rt.controller
             rt.plan.wait_for(lambda: rt.plan.resume_at is not None or rt.plan.ff_limit is not None, "plan")
             if rt.plan.resume_at == 0:
                 # Lost before its first step: replay from the start, nothing to load.

@@ -172,7 +172,8 @@ class Plan:
         """Proactive migration: never fast-forward past what the rank being replaced has done."""
         if self.resume_at is not None:
             return
-        if self.controller:
+        blocked = self.ff_limit is not None and rt.step_no >= self.ff_limit
+        if self.controller and (blocked or rt.step_no % 64 == 0):
             self.controller.send({"op": "ff_progress", "step": rt.step_no})
         self.wait_for(lambda: self.resume_at is not None or (self.ff_limit is not None and rt.step_no < self.ff_limit),
                       "fast-forward limit")
