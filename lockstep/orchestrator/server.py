@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -201,7 +202,11 @@ class Orchestrator:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            for n in core.lost_nodes({k: v.last_seen for k, v in self.nodes.items() if v.alive}, now, NODE_TIMEOUT_S):
+            # Only other hosts' silence means a lost node: on this host a dead supervisor closes
+            # its connection, and a busy machine must not be mistaken for a dead one.
+            me = socket.gethostname()
+            remote = {k: v.last_seen for k, v in self.nodes.items() if v.alive and v.host != me}
+            for n in core.lost_nodes(remote, now, NODE_TIMEOUT_S):
                 self._node_lost(n, f"node {n}'s supervisor silent for {NODE_TIMEOUT_S:.1f} s")
             for node in self.nodes.values():
                 if node.conn is not None:
@@ -385,6 +390,11 @@ class Orchestrator:
             return
         kind = core.classify_exit(msg.get("returncode"), msg.get("signal"), bool(msg.get("expected")))
         if kind == "migrated":
+            return
+        if info.status == "migrating":
+            # The replacement of a proactive migration died: the migration fails, the job does not.
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
             return
         if kind == "finished":
             info.status = "finished"
@@ -611,6 +621,8 @@ class Orchestrator:
             while True:
                 await self.wait_until(lambda: "ff_progress" in replacement.events, "the replacement's fast-forward",
                                       timeout=RECOVERY_TIMEOUT_S)
+                if old.status != "running":
+                    raise core.Unrecoverable(f"rank {rank} is {old.status}: nothing left to migrate")
                 behind = old.step - replacement.step
                 if behind <= max(4, int(0.5 / max(old.step_time_s, 1e-3))):
                     break

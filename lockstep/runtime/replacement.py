@@ -172,11 +172,26 @@ class Plan:
         """Proactive migration: never fast-forward past what the rank being replaced has done."""
         if self.resume_at is not None:
             return
-        blocked = self.ff_limit is not None and rt.step_no >= self.ff_limit
-        if self.controller and (blocked or rt.step_no % 64 == 0):
+        def free():
+            return self.resume_at is not None or (self.ff_limit is not None and rt.step_no < self.ff_limit)
+
+        if self.controller and rt.step_no % 64 == 0:
             self.controller.send({"op": "ff_progress", "step": rt.step_no})
-        self.wait_for(lambda: self.resume_at is not None or (self.ff_limit is not None and rt.step_no < self.ff_limit),
-                      "fast-forward limit")
+        deadline = time.monotonic() + 10 * PLAN_TIMEOUT_S
+        while not free():
+            # Caught up with the rank it replaces: say so (again each second) until the job holds.
+            if self.controller:
+                self.controller.send({"op": "ff_progress", "step": rt.step_no})
+            self._wait_briefly(free, 1.0)
+            if time.monotonic() > deadline:
+                raise RuntimeError("lockstep: the migration never reached its boundary")
+
+    def _wait_briefly(self, predicate, seconds: float):
+        with self._cv:
+            if not predicate() and not self.failed:
+                self._cv.wait(seconds)
+        if self.failed:
+            raise RuntimeError(f"lockstep: recovery abandoned: {self.failed}")
 
     def _fetch_state(self, boundary: int):
         """Parameters etc. at ``boundary`` from the first donor sitting there; if every donor is
