@@ -142,3 +142,41 @@ class Job:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+class AgentListener:
+    """A stand-in for the node agent's local socket (newline-delimited JSON over a Unix stream
+    socket, per the contract), collecting the events it is sent."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        self.events: list[dict] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn):
+        buf = b""
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.events.append(json.loads(line))
+
+    def kinds(self) -> list[str]:
+        return [e["kind"] for e in self.events]
+
+    def close(self):
+        self.sock.close()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tests.lockstep.lockstep_helpers import Job, assert_bitwise_equal, reference
+from tests.lockstep.lockstep_helpers import AgentListener, Job, assert_bitwise_equal, reference
 
 pytestmark = pytest.mark.slow
 
@@ -51,16 +51,28 @@ def test_kill_9_of_a_rank_at_a_random_moment_is_recovered_bitwise(script, job_fa
     assert rec["failure_to_resumed_s"] < 60
 
 
-def test_kill_in_the_middle_of_the_backward_pass_is_recovered_bitwise(job_factory, tmp_path_factory):
+def test_kill_in_the_middle_of_the_backward_pass_is_recovered_bitwise(job_factory, tmp_path_factory, tmp_path):
     """The rank dies as it hands its second gradient bucket to the group: the survivors are
-    blocked inside their backward pass with one bucket reduced and the next one in flight."""
+    blocked inside their backward pass with one bucket reduced and the next one in flight.
+    The node agent hears about it on its local socket."""
     expected = reference(tmp_path_factory.getbasetemp(), "mlp_sampler.py", CASES["mlp_sampler.py"])
+    agent = AgentListener(tmp_path / "agent.sock")
     step = random.randrange(30, 200)
-    job = job_factory("mlp_sampler.py", CASES["mlp_sampler.py"], env={"LOCKSTEP_FAULT": f"1:{step}:grad:1"})
+    job = job_factory("mlp_sampler.py", CASES["mlp_sampler.py"],
+                      env={"LOCKSTEP_FAULT": f"1:{step}:grad:1", "LOCKSTEP_AGENT_SOCKET": agent.path,
+                           "LOCKSTEP_HEARTBEAT_EVENT_S": "1"})
     assert job.wait() == 0, job.output[-4000:]
     assert_bitwise_equal(job.result(), expected)
     (rec,) = job.recoveries()
     assert rec["rank"] == 1 and rec["resumed_at_step"] == step
+    kinds = agent.kinds()
+    for kind in ("job.heartbeat", "job.rank_lost", "job.migration_started", "job.migration_finished"):
+        assert kind in kinds, kinds
+    lost = next(e for e in agent.events if e["kind"] == "job.rank_lost")
+    assert lost["v"] == 1 and lost["op"] == "event" and lost["data"]["rank"] == 1 and lost["data"]["job"] == job.name
+    assert kinds.index("job.rank_lost") < kinds.index("job.migration_started") < kinds.index("job.migration_finished")
+    beat = next(e for e in agent.events if e["kind"] == "job.heartbeat")
+    assert len(beat["data"]["ranks"]) == 4
 
 
 def test_kill_during_the_optimizer_step_is_recovered_bitwise(job_factory, tmp_path_factory):
