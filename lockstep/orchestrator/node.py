@@ -169,13 +169,18 @@ class NodeSupervisor:
     def _spawn(self, rank: int, local_rank: int, role: str, generation: int, incarnation: str) -> Proc:
         env = self._env_for(rank, local_rank, role, generation, incarnation)
         argv = self.spec.worker_argv()
-        if role == "replacement" and self.warm:
+        popen = None
+        while role == "replacement" and self.warm and popen is None:
             spare = self.warm.pop(0)
-            spare.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}) + "\n")
-            spare.stdin.flush()
-            spare.stdin.close()
-            popen = spare
-        else:
+            try:
+                spare.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}) + "\n")
+                spare.stdin.flush()
+                spare.stdin.close()
+                popen = spare
+            except (BrokenPipeError, OSError):  # the warm spare died (killed by someone): use another
+                with contextlib.suppress(Exception):
+                    spare.kill()
+        if popen is None:
             popen = subprocess.Popen([sys.executable, "-m", "lockstep.runtime.launch", *argv], env=env,
                                      preexec_fn=_pdeathsig)
         proc = Proc(rank, local_rank, popen, incarnation, role)
