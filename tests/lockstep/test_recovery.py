@@ -98,3 +98,32 @@ def test_proactive_migration_at_a_random_step_is_bitwise(script, job_factory, tm
     assert f"rank {rank} migrated at step" in done.stdout
     assert job.wait() == 0, job.output[-4000:]
     assert_bitwise_equal(job.result(), expected)
+
+
+def test_a_killed_orchestrator_is_restarted_and_still_recovers_a_lost_rank(job_factory, tmp_path_factory):
+    """The orchestrator is a child of node 0's ``lockstep run``: killed, it is started again from
+    its journal, the ranks reconnect, and a later failure is recovered as before."""
+    import os
+    import signal
+    from pathlib import Path
+
+    expected = reference(tmp_path_factory.getbasetemp(), "mlp_sampler.py", CASES["mlp_sampler.py"])
+    job = job_factory("mlp_sampler.py", CASES["mlp_sampler.py"])
+    job.wait_step(10)
+    (orch,) = [int(p) for p in os.listdir("/proc")
+               if p.isdigit() and b"lockstep.orchestrator" in _cmdline(p) and job.name.encode() in _cmdline(p)]
+    os.kill(orch, signal.SIGKILL)
+    job.wait_step(60)
+    job.kill_rank(2)
+    assert job.wait() == 0, job.output[-4000:]
+    assert "the orchestrator exited (-9); restarting it" in job.output
+    assert_bitwise_equal(job.result(), expected)
+    assert Path(job.state_dir, "jobs", job.name, "state.json").exists()
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
