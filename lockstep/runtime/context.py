@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 
 import torch
 
@@ -67,7 +68,9 @@ class Runtime:
         self.optimizers: list = []
         self.schedulers: list = []
         self.loaders: list = []
-        self.proxies: list = []
+        # Live data-loader iterators, weakly: one the script drops (next(iter(loader)) each step)
+        # leaves the set when it is garbage.
+        self.proxies = weakref.WeakSet()
         self.rng = RngTracker()
         self.problems: list[str] = []
         self.inexact: list[str] = []
@@ -209,7 +212,7 @@ class Runtime:
             raise RuntimeError(f"buffer layout differs: {len(blob)} bytes recorded, {off} expected")
 
     def positions(self) -> list[list[int]]:
-        return [[p.loader_id, p.index, p.pos] for p in self.proxies if not p.exhausted]
+        return sorted([p.loader_id, p.index, p.pos] for p in list(self.proxies) if not p.exhausted)
 
     def small_fields(self, kind: str) -> dict[str, bytes]:
         fields = self.rng.capture(include_slow=kind == "post")

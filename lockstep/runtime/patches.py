@@ -16,7 +16,6 @@ script runs. Each one is the narrowest public or semi-public seam that sees what
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 from datetime import timedelta
@@ -66,7 +65,7 @@ def _backend_factory(store, rank, size, timeout, inner_name, group_id):
 class IterProxy:
     """A DataLoader iterator, counted. ``pos`` is the number of batches handed out."""
 
-    __slots__ = ("loader", "loader_id", "index", "pos", "exhausted", "_it", "_mode", "_length", "_rt")
+    __slots__ = ("loader", "loader_id", "index", "pos", "exhausted", "_it", "_mode", "_length", "_rt", "__weakref__")
 
     def __init__(self, loader, rt):
         self._rt = rt
@@ -78,7 +77,7 @@ class IterProxy:
         self.exhausted = False
         self._it = None
         self._length = None
-        rt.proxies.append(self)
+        rt.proxies.add(self)
         if rt.phase == "live":
             self._mode = "live"
             rt.record({"ev": "iter", "loader": self.loader_id, "index": self.index, "step": rt.step_no},
@@ -107,8 +106,7 @@ class IterProxy:
     def _finish(self):
         self.exhausted = True
         rt = self._rt
-        with contextlib.suppress(ValueError):
-            rt.proxies.remove(self)
+        rt.proxies.discard(self)
         if self._mode == "live" and rt.phase == "live":
             rt.record({"ev": "end", "loader": self.loader_id, "index": self.index, "length": self.pos})
 

@@ -227,7 +227,7 @@ class Plan:
         if post is not None and post[0] == self.resume_at:
             fields = post[1]
             want = {(lid, idx): pos for lid, idx, pos in json.loads(fields.get("data", b"[]"))}
-            have = {(p.loader_id, p.index): p for p in rt.proxies if not p.exhausted}
+            have = {(p.loader_id, p.index): p for p in list(rt.proxies) if not p.exhausted}
             if set(want) != set(have):
                 rt.diverged(f"live data-loader iterators {sorted(have)} differ from the original's {sorted(want)}")
             for key, proxy in have.items():
