@@ -266,7 +266,20 @@ class Runtime:
             self.plan.pin("mid", self.step_no, self)
         self._write_small("mid")
 
+    def _check_replicated(self, opt):
+        """Sharded parameters (FSDP's flat parameters, DTensors) have no data-parallel replica:
+        a replacement could not get its rank's shard from a survivor."""
+        opt._lockstep_checked = True
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if getattr(p, "_is_flat_param", False) or type(p).__name__ == "DTensor" or \
+                        type(getattr(p, "data", None)).__name__ == "DTensor":
+                    self.note_unprotected("sharded parameters (FSDP / DTensor): no rank holds a replica of another's shard")
+                    return
+
     def on_pre_step(self, opt):
+        if not getattr(opt, "_lockstep_checked", False):
+            self._check_replicated(opt)
         if self._fault:
             self.fault_point("pre")
         if self.phase == "replay":
