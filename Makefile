@@ -13,6 +13,7 @@ $(STAMP): requirements/console.txt requirements/agent.txt requirements/runtime.t
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .  # .venv/bin/lockstep
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -1,0 +1,236 @@
+"""Goodput under hard failures: the same job on the same machine in one run, for
+
+* ``plain``      -- torchrun, no failure (the reference time, and the per-step time);
+* ``lockstep``   -- ``lockstep run -- torchrun ...``, no failure (steady-state overhead) and with
+  a ``kill -9`` of a random worker every ``--mtbf-s`` seconds (goodput, failure-to-resumed time);
+* ``torchrun``   -- ``torchrun --max-restarts`` with a DCP checkpoint every K steps, K from the
+  Young/Daly interval sqrt(2 * delta * MTBF) with delta the checkpoint cost measured first, with
+  the same failures;
+* ``torchft``    -- torchft 0.2.0 (``requirements/bench-goodput.txt``, installed by this command
+  with ``--torchft``): one replica group per process, a lighthouse, the same failures; a killed
+  group is restarted and heals from its peers.
+
+Goodput is the failure-free wall time over the variant's wall time for the same number of steps.
+One command: ``python -m bench.goodput`` (``--help`` for the knobs); results go to
+``bench/goodput/results.json`` and are printed as a table with the date, machine and load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = Path(sys.executable).parent
+TRAIN = HERE / "train.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load() -> str:
+    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+
+
+class Run:
+    """A job in the background, its STEP/DONE lines collected, workers found by a marker."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None):
+        self.marker = uuid.uuid4().hex
+        self.env = dict(os.environ, BENCH_RUN=self.marker, PYTHONUNBUFFERED="1", **(env or {}))
+        self.t_start = time.time()
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT)
+        self.steps: list[tuple[int, float]] = []
+        self.ckpts: list[float] = []
+        self.done_at: float | None = None
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "STEP":
+                self.steps.append((int(parts[1]), float(parts[2])))
+            elif len(parts) == 3 and parts[0] == "CKPT":
+                self.ckpts.append(float(parts[2]))
+            elif len(parts) == 2 and parts[0] == "DONE":
+                self.done_at = float(parts[1])
+
+    def workers(self) -> list[int]:
+        pids = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"BENCH_RUN={self.marker}".encode() in env and b"RANK=" in env and b"train.py" in cmd \
+                    and b"lockstep.runtime.spare" not in cmd:
+                pids.append(int(pid))
+        return pids
+
+    def first_step_time(self, timeout=600) -> float:
+        deadline = time.time() + timeout
+        while not self.steps:
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the job never started training:\n" + "".join(self.log[-40:]))
+            time.sleep(0.05)
+        return self.steps[0][1]
+
+    def wait(self, timeout=7200) -> int:
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)
+        return code
+
+    def step_time(self, skip: int = 100) -> float:
+        pts = [p for p in self.steps if p[0] > skip]
+        gaps = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:], strict=False) if b[0] > a[0]]
+        return statistics.median(gaps) if gaps else float("nan")
+
+
+def inject_failures(run: Run, mtbf_s: float, rng: random.Random, kills: list[float], restart=None):
+    """kill -9 a random worker every mtbf_s seconds of the job's training time, until it ends."""
+    t0 = run.first_step_time()
+    n = 1
+    while run.proc.poll() is None:
+        at = t0 + n * mtbf_s
+        while time.time() < at and run.proc.poll() is None:
+            time.sleep(0.05)
+        if run.proc.poll() is not None or run.done_at is not None:
+            return
+        pids = run.workers()
+        if pids:
+            victim = rng.choice(pids)
+            try:
+                os.kill(victim, signal.SIGKILL)
+                kills.append(time.time())
+                if restart:
+                    restart(victim)
+            except ProcessLookupError:
+                pass
+        n += 1
+
+
+def job_args(a, out: Path) -> list[str]:
+    return [str(TRAIN), str(out), "--steps", str(a.steps), "--width", str(a.width), "--batch", str(a.batch)]
+
+
+def run_plain(a, tmp: Path) -> dict:
+    run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
+               *job_args(a, tmp / "plain.pt")])
+    assert run.wait() == 0, "".join(run.log[-40:])
+    return {"wall_s": time.time() - run.t_start, "train_s": run.done_at - run.steps[0][1],
+            "step_s": run.step_time()}
+
+
+def run_lockstep(a, tmp: Path, failures: bool, rng) -> dict:
+    state = tmp / f"state-{uuid.uuid4().hex[:6]}"
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    env = {"LOCKSTEP_STATE_DIR": str(state)}
+    run = Run([str(BIN / "lockstep"), "run", "--job", name, "--spares", str(a.spares), "--", "torchrun",
+               "--nproc-per-node", "4", "--master-port", str(free_port()), *job_args(a, tmp / f"{name}.pt")], env)
+    kills: list[float] = []
+    if failures:
+        threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
+    code = run.wait()
+    res = {"wall_s": time.time() - run.t_start, "train_s": (run.done_at or time.time()) - run.steps[0][1],
+           "step_s": run.step_time(), "exit": code, "failures": len(kills)}
+    hist = json.loads((state / "jobs" / name / "state.json").read_text())["history"]
+    rec = [h["failure_to_resumed_s"] for h in hist if h["kind"] == "job.migration_finished" and "failure_to_resumed_s" in h]
+    res["resume_s"] = rec
+    return res
+
+
+def measure_checkpoint_cost(a, tmp: Path) -> float:
+    d = tmp / "ckpt-calibrate"
+    d.mkdir(exist_ok=True)
+    run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
+               str(TRAIN), str(tmp / "cal.pt"), "--steps", "120", "--width", str(a.width), "--batch", str(a.batch),
+               "--ckpt-dir", str(d), "--ckpt-every", "20"])
+    assert run.wait() == 0, "".join(run.log[-40:])
+    return statistics.median(run.ckpts)
+
+
+def run_torchrun_dcp(a, tmp: Path, step_s: float, rng) -> dict:
+    delta = measure_checkpoint_cost(a, tmp)
+    tau = math.sqrt(2 * delta * a.mtbf_s)  # Young's interval (Daly's correction is < 1% here)
+    k = max(1, round(tau / step_s))
+    d = tmp / f"ckpt-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--max-restarts", "100", "--master-port",
+               str(free_port()), *job_args(a, tmp / "tr.pt"), "--ckpt-dir", str(d), "--ckpt-every", str(k)])
+    kills: list[float] = []
+    threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
+    code = run.wait()
+    return {"wall_s": time.time() - run.t_start, "exit": code, "failures": len(kills), "ckpt_every": k,
+            "ckpt_cost_s": delta, "young_interval_s": tau}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20000, help="training steps of the job (default 20000)")
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--mtbf-s", type=float, default=180.0, help="seconds between injected failures (default 180)")
+    ap.add_argument("--spares", type=int, default=20)
+    ap.add_argument("--variants", default="plain,lockstep-free,lockstep,torchrun")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default=str(HERE / "results.json"))
+    a = ap.parse_args(argv)
+    rng = random.Random(a.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
+    variants = a.variants.split(",")
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {os.cpu_count()} cores "
+               f"{platform.platform()}", "load_before": load(), "config": vars(a), "variants": {}}
+    print(f"goodput bench: {a.steps} steps, width {a.width}, a failure every {a.mtbf_s:.0f} s; load {results['load_before']}")
+    plain = run_plain(a, tmp)
+    results["variants"]["plain"] = plain
+    print(f"  plain torchrun, no failure: {plain['wall_s']:.1f} s ({plain['step_s'] * 1000:.2f} ms/step)")
+    if "lockstep-free" in variants:
+        free = run_lockstep(a, tmp, False, rng)
+        free["overhead"] = free["step_s"] / plain["step_s"] - 1
+        results["variants"]["lockstep-free"] = free
+        print(f"  lockstep, no failure: {free['wall_s']:.1f} s ({free['step_s'] * 1000:.2f} ms/step, "
+              f"overhead {free['overhead'] * 100:+.1f}%)")
+    if "lockstep" in variants:
+        ls = run_lockstep(a, tmp, True, rng)
+        ls["goodput"] = plain["wall_s"] / ls["wall_s"]
+        results["variants"]["lockstep"] = ls
+        print(f"  lockstep, {ls['failures']} failures: {ls['wall_s']:.1f} s, goodput {ls['goodput'] * 100:.1f}%, "
+              f"failure->resumed {', '.join(f'{r:.2f}' for r in ls['resume_s'])} s")
+    if "torchrun" in variants:
+        tr = run_torchrun_dcp(a, tmp, plain["step_s"], rng)
+        tr["goodput"] = plain["wall_s"] / tr["wall_s"]
+        results["variants"]["torchrun-dcp"] = tr
+        print(f"  torchrun --max-restarts + DCP every {tr['ckpt_every']} steps (Young: sqrt(2 x {tr['ckpt_cost_s']:.3f} s"
+              f" x {a.mtbf_s:.0f} s) = {tr['young_interval_s']:.1f} s), {tr['failures']} failures: {tr['wall_s']:.1f} s, "
+              f"goodput {tr['goodput'] * 100:.1f}%")
+    results["load_after"] = load()
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    print(f"  load after: {results['load_after']}; results in {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,778 @@
+"""The job's orchestrator: one process per job, started by the leader node's ``lockstep run``.
+
+Where it runs and how it survives its own restart: it is a child of the leader node's
+supervisor (node 0's ``lockstep run``), which also hosts the job's TCPStore, and it keeps its
+state in a journal (``jobdir``) rewritten atomically after every change. If it dies, the
+supervisor starts it again with ``--resume`` on the same port; every rank's control thread and
+every node supervisor reconnect and say ``hello`` again with what they know (generation, step,
+phase), so the orchestrator rebuilds its view from the journal plus those hellos. A recovery
+that was under way is started again from its beginning (freezing the groups a second time is
+harmless: the ranks report the same progress). Training never waits on the orchestrator; while
+it is down the job runs, and a failure in that window is handled once it is back (the
+supervisors keep the dead rank's exit and shared-memory state until then).
+
+Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
+the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,
+``hold``/``release``; the command registry ``COMMANDS`` is where ``snapshot``/``restore`` plug in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import itertools
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+from lockstep.orchestrator import core, jobdir
+from lockstep.orchestrator.events import AgentEvents
+
+RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
+NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
+HEARTBEAT_EVENT_S = float(os.environ.get("LOCKSTEP_HEARTBEAT_EVENT_S", "5"))
+DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
+LINE_LIMIT = 256 << 20  # a lost rank's state (buffers included) travels in one line
+
+COMMANDS: dict = {}
+
+
+def command(name):
+    """Register a CLI command: ``async def handler(orchestrator, msg) -> dict``."""
+
+    def deco(fn):
+        COMMANDS[name] = fn
+        return fn
+
+    return deco
+
+
+class Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        self.role = None
+        self.closed = False
+
+    def send(self, msg: dict):
+        if self.closed:
+            return
+        try:
+            self.writer.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
+        except (ConnectionError, RuntimeError):
+            self.closed = True
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    node: int | None = None
+    conn: Conn | None = None
+    state_addr: str | None = None
+    incarnation: str | None = None
+    pid: int | None = None
+    step: int = 0
+    step_time_s: float = 0.0
+    phase: str = "live"
+    status: str = "starting"
+    holding_at: int | None = None
+    report: dict | None = None
+    events: dict = field(default_factory=dict)
+
+    def public(self) -> dict:
+        return {"rank": self.rank, "node": self.node, "status": self.status, "step": self.step,
+                "step_time_s": self.step_time_s, "phase": self.phase, "pid": self.pid}
+
+
+@dataclass
+class NodeInfo:
+    node: int
+    conn: Conn | None = None
+    host: str = ""
+    spares: int = 0
+    alive: bool = True
+    last_seen: float = 0.0
+    nproc: int = 0
+
+
+class Orchestrator:
+    def __init__(self, *, job: str, token: str, world_size: int, nnodes: int, scheduler_name: str,
+                 host: str, port: int, resume: bool):
+        self.job = job
+        self.token = token
+        self.world_size = world_size
+        self.nnodes = nnodes
+        self.host = host
+        self.port = port
+        self.dir = jobdir.job_dir(job, create=True)
+        self.ranks = {r: RankInfo(r) for r in range(world_size)}
+        self.nodes: dict[int, NodeInfo] = {}
+        self.generation = 0
+        self.problems: list[str] = []
+        self.history: list[dict] = []
+        self.spares_used = 0
+        self.events = AgentEvents()
+        self.scheduler_name = scheduler_name
+        self.scheduler = None
+        self._req = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None  # the recovery or migration under way
+        self._task_kind = None
+        self._lost_queue: set[int] = set()
+        self._done = asyncio.Event()
+        self.exit_code = 0
+        self.failure: str | None = None
+        self.started = time.time()
+        if resume:
+            self._load_journal()
+
+    # -- journal ---------------------------------------------------------------------------
+
+    def _journal(self):
+        jobdir.write_json(os.path.join(self.dir, "state.json"), {
+            "job": self.job, "generation": self.generation, "world_size": self.world_size,
+            "nnodes": self.nnodes, "problems": self.problems, "spares_used": self.spares_used,
+            "ranks": {str(r.rank): r.public() | {"incarnation": r.incarnation} for r in self.ranks.values()},
+            "history": self.history[-50:], "recovering": self._task_kind,
+            "lost_pending": sorted(self._lost_queue),
+        })
+
+    def _load_journal(self):
+        data = jobdir.read_json(os.path.join(self.dir, "state.json"))
+        if not data:
+            return
+        self.generation = int(data.get("generation", 0))
+        self.problems = list(data.get("problems", []))
+        self.spares_used = int(data.get("spares_used", 0))
+        self.history = list(data.get("history", []))
+        for key, info in data.get("ranks", {}).items():
+            r = self.ranks.get(int(key))
+            if r is not None:
+                r.status = info.get("status", "starting")
+                r.node = info.get("node")
+                r.step = info.get("step", 0)
+                r.incarnation = info.get("incarnation")
+        pending = set(data.get("lost_pending", []))
+        if data.get("recovering"):
+            pending |= {r.rank for r in self.ranks.values() if r.status in ("lost", "recovering")}
+        self._lost_queue = pending
+
+    def _event(self, kind: str, data: dict):
+        data = {"job": self.job, **data}
+        self.events.emit(kind, data)
+        self.history.append({"ts": time.time(), "kind": kind, **data})
+
+    # -- serving ---------------------------------------------------------------------------
+
+    async def serve(self):
+        from lockstep.schedulers import get_scheduler
+
+        self.scheduler = get_scheduler(self.scheduler_name, self)
+        tcp = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True, limit=LINE_LIMIT)
+        self.port = tcp.sockets[0].getsockname()[1]
+        sock_path = os.path.join(self.dir, "control.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        unix = await asyncio.start_unix_server(self._handle_cli, sock_path, limit=LINE_LIMIT)
+        os.chmod(sock_path, 0o600)
+        jobdir.write_json(os.path.join(self.dir, "job.json"), {
+            "job": self.job, "orchestrator": f"{self.host}:{self.port}", "pid": os.getpid(),
+            "world_size": self.world_size, "nnodes": self.nnodes, "started": self.started,
+            "scheduler": self.scheduler_name})
+        self._journal()
+        print(f"READY {self.port}", flush=True)
+        ticker = asyncio.create_task(self._tick())
+        if self._lost_queue:
+            asyncio.get_running_loop().call_later(2.0, self._kick_recovery)
+        async with tcp, unix:
+            await self._done.wait()
+            await asyncio.sleep(0.2)  # let the last messages drain
+        ticker.cancel()
+        return self.exit_code
+
+    async def _tick(self):
+        last_event = 0.0
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            # Only other hosts' silence means a lost node: on this host a dead supervisor closes
+            # its connection, and a busy machine must not be mistaken for a dead one.
+            me = socket.gethostname()
+            remote = {k: v.last_seen for k, v in self.nodes.items() if v.alive and v.host != me}
+            for n in core.lost_nodes(remote, now, NODE_TIMEOUT_S):
+                self._node_lost(n, f"node {n}'s supervisor silent for {NODE_TIMEOUT_S:.1f} s")
+            for node in self.nodes.values():
+                if node.conn is not None:
+                    with contextlib.suppress(Exception):
+                        await node.conn.writer.drain()
+            if now - last_event >= HEARTBEAT_EVENT_S:
+                last_event = now
+                self.events.emit("job.heartbeat", {
+                    "job": self.job, "generation": self.generation,
+                    "ranks": [{"rank": r.rank, "step": r.step, "step_time_s": r.step_time_s, "node": r.node,
+                               "state": r.status} for r in self.ranks.values()]})
+
+    async def _read_lines(self, conn: Conn):
+        while True:
+            line = await conn.reader.readline()
+            if not line:
+                return
+            try:
+                yield json.loads(line)
+            except ValueError:
+                return
+
+    async def _handle(self, reader, writer):
+        conn = Conn(reader, writer)
+        info = None
+        try:
+            async for msg in self._read_lines(conn):
+                if info is None:
+                    if msg.get("op") != "hello" or not hmac.compare_digest(str(msg.get("token", "")), self.token):
+                        conn.send({"op": "error", "error": "hello with the job token expected"})
+                        return
+                    info = self._hello(conn, msg)
+                    continue
+                if conn.role == "supervisor":
+                    self._from_node(info, msg)
+                else:
+                    self._from_rank(info, conn, msg)
+                await writer.drain()
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass
+        except Exception:  # a bug in a handler: say so, drop this connection (it reconnects)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            conn.closed = True
+            with contextlib.suppress(Exception):
+                writer.close()
+            if conn.role == "supervisor" and info is not None and info.conn is conn or isinstance(info, RankInfo) and info.conn is conn:
+                info.conn = None
+
+    def _hello(self, conn: Conn, msg: dict):
+        role = msg.get("role")
+        if DEBUG:
+            print(f"lockstep[debug]: hello {role} {msg.get('rank', msg.get('node'))} {msg.get('incarnation', '')}",
+                  file=sys.stderr, flush=True)
+        conn.role = role
+        if role == "supervisor":
+            n = int(msg["node"])
+            node = self.nodes.setdefault(n, NodeInfo(n))
+            node.conn = conn
+            node.host = msg.get("host", "")
+            node.spares = int(msg.get("spares", 0))
+            node.nproc = int(msg.get("nproc", 0))
+            node.alive = True
+            node.last_seen = time.monotonic()
+            for r, pid in msg.get("ranks", {}).items():
+                info = self.ranks[int(r)]
+                info.node = n
+                info.pid = pid
+            for ex in msg.get("exits", []):
+                self._from_node(node, dict(ex, op="exited"))
+            self._changed.set()
+            return node
+        rank = int(msg["rank"])
+        info = self.ranks[rank]
+        if role == "replacement" and info.incarnation not in (None, msg.get("incarnation")) and \
+                info.events.get("expected_incarnation") not in (None, msg.get("incarnation")):
+            conn.send({"op": "fail", "message": "this replacement is no longer wanted"})
+            return info
+        info.conn = conn
+        info.state_addr = msg.get("state_addr")
+        info.incarnation = msg.get("incarnation")
+        info.pid = msg.get("pid")
+        info.step = int(msg.get("step", 0))
+        info.phase = msg.get("phase", "live")
+        if info.status in ("starting",) and role == "worker":
+            info.status = "running"
+        plan = info.events.get("plan")
+        if role == "replacement" and plan:
+            conn.send(dict(plan, op="plan"))
+        if role == "worker" and "freeze" in info.events and info.report is None:
+            conn.send(info.events["freeze"])  # a recovery started before this rank connected
+        self._changed.set()
+        return info
+
+    def _from_rank(self, info: RankInfo, conn: Conn, msg: dict):
+        op = msg.get("op")
+        if DEBUG and op != "heartbeat":
+            print(f"lockstep[debug]: rank {info.rank} -> {str(msg)[:300]}", file=sys.stderr, flush=True)
+        if op == "heartbeat":
+            info.step = int(msg.get("step", info.step))
+            info.step_time_s = float(msg.get("step_time_s", info.step_time_s))
+            info.phase = msg.get("phase", info.phase)
+            return
+        if op == "unprotected":
+            reason = f"rank {info.rank}: {msg.get('reason')}"
+            if reason not in self.problems:
+                self.problems.append(reason)
+                print(f"lockstep: job {self.job} is not protected from hard failures: {reason}", file=sys.stderr, flush=True)
+                self._journal()
+            return
+        if op == "diverged":
+            self.fail(f"replacement for rank {info.rank} diverged: {msg.get('message')}")
+            return
+        if op == "exit":
+            info.events["exit_code"] = msg.get("code")
+            return
+        info.events[op] = msg
+        if op == "holding":
+            info.holding_at = int(msg["boundary"])
+        if op == "report":
+            info.report = msg
+        if op in ("ff_progress", "resumed", "live"):
+            info.step = int(msg.get("step", info.step))
+            info.phase = {"resumed": "replay", "live": "live"}.get(op, "ff")
+        self._changed.set()
+
+    def _from_node(self, node: NodeInfo, msg: dict):
+        op = msg.get("op")
+        node.last_seen = time.monotonic()
+        if op == "heartbeat":
+            node.spares = int(msg.get("spares", node.spares))
+            for r, pid in msg.get("ranks", {}).items():
+                info = self.ranks[int(r)]
+                if info.status not in ("lost", "recovering", "migrating"):
+                    info.node, info.pid = node.node, pid
+            return
+        if "req" in msg:
+            fut = self._pending.pop(int(msg["req"]), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            if op == "spawned":
+                info = self.ranks[int(msg["rank"])]
+                info.pid = msg.get("pid")
+                info.node = node.node
+            return
+        if op == "exited":
+            self._rank_exited(node, msg)
+
+    # -- node requests ---------------------------------------------------------------------
+
+    async def node_request(self, node: int, msg: dict, timeout: float = 30.0) -> dict:
+        n = self.nodes.get(node)
+        if n is None or n.conn is None:
+            raise core.Unrecoverable(f"node {node} is not connected")
+        req = next(self._req)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[req] = fut
+        n.conn.send(dict(msg, req=req))
+        return await asyncio.wait_for(fut, timeout)
+
+    def send_nodes(self, msg: dict):
+        for n in self.nodes.values():
+            if n.conn is not None:
+                n.conn.send(msg)
+
+    def send_rank(self, rank: int, msg: dict):
+        info = self.ranks[rank]
+        if info.conn is not None:
+            info.conn.send(msg)
+
+    # -- exits and losses ------------------------------------------------------------------
+
+    def _rank_exited(self, node: NodeInfo, msg: dict):
+        rank = int(msg["rank"])
+        info = self.ranks[rank]
+        info.node = node.node
+        if msg.get("incarnation") and info.incarnation and msg["incarnation"] != info.incarnation:
+            # An old incarnation (a rank replaced already, or a replacement abandoned).
+            return
+        kind = core.classify_exit(msg.get("returncode"), msg.get("signal"), bool(msg.get("expected")))
+        if kind == "migrated":
+            return
+        if info.status == "migrating":
+            # The replacement of a proactive migration died: the migration fails, the job does not.
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
+            return
+        if kind == "finished":
+            info.status = "finished"
+            self._journal()
+            self._changed.set()
+            if all(r.status == "finished" for r in self.ranks.values()):
+                self.send_nodes({"op": "done"})
+                self._done.set()
+            return
+        if kind == "failed":
+            info.status = "failed"
+            self.fail(f"rank {rank} exited with status {msg.get('returncode')} (the script failed; "
+                      "a replacement would fail the same way)", code=1)
+            return
+        sig = msg.get("signal")
+        self._lose([rank], f"rank {rank} (pid {msg.get('pid')}) was killed by signal {sig}")
+
+    def _node_lost(self, n: int, why: str):
+        node = self.nodes[n]
+        if not node.alive:
+            return
+        node.alive = False
+        ranks = [r.rank for r in self.ranks.values() if r.node == n and r.status in ("running", "recovering")]
+        self._lose(ranks, why)
+
+    def _lose(self, ranks: list[int], why: str):
+        ranks = [r for r in ranks if self.ranks[r].status not in ("finished", "failed")]
+        if not ranks:
+            return
+        for r in ranks:
+            info = self.ranks[r]
+            info.status = "lost"
+            info.conn = None
+            self._event("job.rank_lost", {"rank": r, "node": info.node, "step": info.step, "cause": why})
+        print(f"lockstep: {why}", file=sys.stderr, flush=True)
+        self._lost_queue.update(ranks)
+        self._journal()
+        self._kick_recovery()
+
+    def _kick_recovery(self):
+        if not self._lost_queue:
+            return
+        if self._task is not None and not self._task.done():
+            # A loss during a recovery or migration: start over, with every rank lost so far.
+            self._task.cancel()
+        self._task_kind = "recovery"
+        self._task = asyncio.ensure_future(self._recover_guarded())
+
+    def fail(self, message: str, code: int = 1):
+        if self._done.is_set():
+            return
+        print(f"lockstep: job {self.job} failed: {message}", file=sys.stderr, flush=True)
+        self.failure = message
+        self._event("job.failed", {"message": message})
+        self.exit_code = code
+        for r in self.ranks.values():
+            if r.conn is not None:
+                r.conn.send({"op": "fail", "message": message})
+        self.send_nodes({"op": "terminate", "code": code, "message": message})
+        self._journal()
+        self._done.set()
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def wait_until(self, predicate, what: str, timeout: float = RECOVERY_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise core.Unrecoverable(f"timed out after {timeout:.0f} s waiting for {what}")
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+
+    # -- hard-failure recovery -------------------------------------------------------------
+
+    async def _recover_guarded(self):
+        try:
+            await self._recover()
+        except asyncio.CancelledError:
+            raise
+        except core.Unrecoverable as exc:
+            self.fail(f"cannot recover: {exc}")
+        except Exception as exc:  # a bug must not leave the job hanging
+            import traceback
+
+            traceback.print_exc()
+            self.fail(f"recovery failed: {exc!r}")
+
+    async def _recover(self):
+        t0 = time.monotonic()
+        lost = sorted(self._lost_queue)
+        if self.problems:
+            raise core.Unrecoverable("the job is not protected: " + "; ".join(self.problems))
+        old_gen = self.generation
+        gen = max(self.generation, max((int(r.events.get("plan", {}).get("generation", 0))
+                                        for r in self.ranks.values()), default=0)) + 1
+        survivors = [r for r in self.ranks.values()
+                     if r.rank not in lost and r.status in ("starting", "running", "recovering")]
+        if not survivors:
+            raise core.Unrecoverable("every rank was lost: no data-parallel replica holds the model state")
+        for r in lost:
+            self.ranks[r].status = "recovering"
+            self._event("job.migration_started", {"rank": r, "reason": "failure", "from_node": self.ranks[r].node})
+        for s in survivors:
+            s.report = None
+            s.events.pop("rebuilt", None)
+            s.status = "recovering"
+            s.events["freeze"] = {"op": "freeze", "generation": old_gen, "lost": lost}
+            self.send_rank(s.rank, s.events["freeze"])
+        # The lost ranks' small state, from the shared memory of their nodes.
+        sources = {}
+        for r in lost:
+            sources[r] = await self._read_source(r)
+        # Replacements: a spare each, started now (they fast-forward while the survivors report).
+        for r in lost:
+            await self._start_replacement(r, gen, sources[r], resume_at=_post_step(sources[r]))
+        # A survivor that has not connected yet gets the freeze order when it says hello.
+        await self.wait_until(lambda: all(s.report is not None for s in survivors), "the survivors' progress reports")
+        reports = []
+        for s in survivors:
+            reports.append(core.SurvivorReport(
+                s.rank, int(s.report["step_no"]),
+                {g: core.GroupProgress.from_report(p) for g, p in s.report["groups"].items()},
+                s.state_addr or "", bool(s.report.get("holding"))))
+        plan = core.plan_recovery(gen, reports, {r: _post_step(sources[r]) for r in lost})
+        for s in survivors:
+            s.events.pop("rebuilt", None)
+            self.send_rank(s.rank, {"op": "rebuild", "generation": gen,
+                                    "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
+        for r in lost:
+            self._update_plan(r, {"live_after": plan.live_after, "donors": plan.donors[r], "generation": gen,
+                                  "resume_at": plan.resume_at[r]})
+        await self.wait_until(
+            lambda: all("rebuilt" in s.events for s in survivors) and all("resumed" in self.ranks[r].events for r in lost),
+            "the group to re-form")
+        self.generation = gen
+        resumed = time.monotonic() - t0
+        for s in survivors:
+            s.status = "running"
+        await self.wait_until(lambda: all("live" in self.ranks[r].events for r in lost), "the replacements to go live")
+        for r in lost:
+            info = self.ranks[r]
+            info.status = "running"
+            self._event("job.migration_finished", {
+                "rank": r, "reason": "failure", "ok": True, "to_node": info.node, "generation": gen,
+                "failure_to_resumed_s": round(resumed, 3), "duration_s": round(time.monotonic() - t0, 3),
+                "resumed_at_step": plan.resume_at[r], "redo_steps": plan.redo_steps})
+            print(f"lockstep: rank {r} recovered in {resumed:.2f} s (training resumed at step "
+                  f"{plan.resume_at[r]}), generation {gen}", file=sys.stderr, flush=True)
+        self._lost_queue.difference_update(lost)
+        self._task_kind = None
+        self._journal()
+        if self._lost_queue:
+            self._kick_recovery()
+
+    async def _read_source(self, rank: int) -> dict:
+        info = self.ranks[rank]
+        node = self.nodes.get(info.node) if info.node is not None else None
+        if node is None or not node.alive or node.conn is None:
+            src = info.events.get("offnode_source")
+            if src is None:
+                raise core.Unrecoverable(f"rank {rank}'s node is gone and no copy of its per-rank state left it")
+            return src
+        msg = await self.node_request(info.node, {"op": "read_state", "rank": rank})
+        return msg["source"]
+
+    async def _start_replacement(self, rank: int, gen: int, source: dict, resume_at: int | None,
+                                 ff_limit: int | None = None):
+        info = self.ranks[rank]
+        incarnation = f"{self.job}-r{rank}-g{gen}-{os.urandom(3).hex()}"
+        info.incarnation = incarnation
+        info.events = {"expected_incarnation": incarnation}
+        info.conn = None
+        self._update_plan(rank, {"generation": gen, "source": source, "resume_at": resume_at, "ff_limit": ff_limit})
+        launched = await self.scheduler.start_replacement(rank=rank, generation=gen, incarnation=incarnation,
+                                                          lost_node=info.node)
+        self.spares_used += 1
+        info.node = launched.get("node", info.node)
+        info.pid = launched.get("pid")
+        self._journal()
+
+    def _update_plan(self, rank: int, update: dict):
+        info = self.ranks[rank]
+        plan = info.events.setdefault("plan", {})
+        plan.update(update)
+        if info.conn is not None:
+            info.conn.send(dict(update, op="plan"))
+
+    # -- proactive migration ---------------------------------------------------------------
+
+    async def migrate(self, rank: int) -> dict:
+        if self._task is not None and not self._task.done():
+            raise core.Unrecoverable(f"a {self._task_kind} is already under way")
+        if rank not in self.ranks:
+            raise core.Unrecoverable(f"rank {rank} is not in this job (world size {self.world_size})")
+        info = self.ranks[rank]
+        if info.status != "running":
+            raise core.Unrecoverable(f"rank {rank} is {info.status}, not running")
+        self._task_kind = "migration"
+        self._task = asyncio.current_task()
+        try:
+            return await self._migrate(rank)
+        finally:
+            self._task_kind = None
+            self._task = None
+
+    async def _migrate(self, rank: int) -> dict:
+        t0 = time.monotonic()
+        old = self.ranks[rank]
+        others = [r for r in self.ranks.values() if r.rank != rank and r.status == "running"]
+        gen = self.generation + 1
+        self._event("job.migration_started", {"rank": rank, "reason": "proactive", "from_node": old.node})
+        old_addr, old_node, old_conn, old_incarnation = old.state_addr, old.node, old.conn, old.incarnation
+        source = await self._read_source(rank)
+        # The replacement fast-forwards behind the running rank, then the job holds at a
+        # boundary close to where it caught up.
+        replacement = RankInfo(rank)
+        self.ranks[rank] = replacement
+        replacement.status = "migrating"
+        try:
+            await self._start_replacement(rank, gen, source, resume_at=None,
+                                          ff_limit=max(0, (_post_step(source) or 0) - 1))
+            while True:
+                await self.wait_until(lambda: "ff_progress" in replacement.events, "the replacement's fast-forward",
+                                      timeout=RECOVERY_TIMEOUT_S)
+                if old.status != "running":
+                    raise core.Unrecoverable(f"rank {rank} is {old.status}: nothing left to migrate")
+                behind = old.step - replacement.step
+                if behind <= max(4, int(0.5 / max(old.step_time_s, 1e-3))):
+                    break
+                replacement.events.pop("ff_progress", None)
+                source = await self.node_request(old_node, {"op": "read_state", "rank": rank})
+                source = source["source"]
+                self._update_plan(rank, {"source": source, "ff_limit": max(0, (_post_step(source) or 0) - 1)})
+            live = [old, *others]
+            step_time = max(r.step_time_s for r in live)
+            boundary = core.hold_boundary([r.step for r in live], step_time)
+            while True:
+                for r in live:
+                    r.holding_at = None
+                    r.events.pop("hold_missed", None)
+                    if r.conn:
+                        r.conn.send({"op": "hold", "boundary": boundary})
+                await self.wait_until(lambda b=boundary: all(r.holding_at == b or "hold_missed" in r.events for r in live),
+                                      f"every rank to hold at step {boundary}")
+                if not any("hold_missed" in r.events for r in live):
+                    break
+                for r in live:
+                    if r.conn:
+                        r.conn.send({"op": "release"})
+                boundary = core.hold_boundary([r.step for r in live], step_time, lead_s=1.5)
+            source = (await self.node_request(old_node, {"op": "read_state", "rank": rank}))["source"]
+            for s in others:
+                s.report = None
+                s.conn.send({"op": "freeze", "generation": self.generation, "lost": [rank]})
+            await self.wait_until(lambda: all(s.report is not None for s in others), "the survivors' reports")
+            reports = [core.SurvivorReport(s.rank, int(s.report["step_no"]),
+                                           {g: core.GroupProgress.from_report(p) for g, p in s.report["groups"].items()},
+                                           s.state_addr or "", True) for s in others]
+            plan = core.plan_recovery(gen, reports, {rank: boundary})
+            for s in others:
+                s.events.pop("rebuilt", None)
+                s.conn.send({"op": "rebuild", "generation": gen,
+                             "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
+            self._update_plan(rank, {"source": source, "resume_at": boundary, "generation": gen,
+                                     "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank]})
+            await self.wait_until(lambda: "resumed" in replacement.events and all("rebuilt" in s.events for s in others),
+                                  "the group to re-form")
+            paused = time.monotonic()
+            await self.node_request(old_node, {"op": "expect_exit", "rank": rank, "incarnation": old_incarnation})
+            if old_conn is not None:
+                old_conn.send({"op": "hold", "boundary": boundary, "exit": True})
+            for s in others:
+                s.conn.send({"op": "release"})
+            self.generation = gen
+            await self.wait_until(lambda: "live" in replacement.events, "the replacement to go live")
+        except BaseException:
+            if self.ranks[rank] is replacement and replacement.conn is not None:
+                replacement.conn.send({"op": "fail", "message": "migration abandoned"})
+            self.ranks[rank] = old
+            old.incarnation = old_incarnation
+            for r in [old, *others]:
+                if r.conn:
+                    r.conn.send({"op": "release"})
+            raise
+        replacement.status = "running"
+        took = time.monotonic() - t0
+        result = {"rank": rank, "ok": True, "from_node": old_node, "to_node": replacement.node,
+                  "boundary": boundary, "generation": gen, "duration_s": round(took, 3),
+                  "paused_s": round(time.monotonic() - paused, 3)}
+        self._event("job.migration_finished", dict(result, reason="proactive"))
+        self._journal()
+        return result
+
+    def host_for_nodes(self) -> str:
+        return getattr(self, "advertise", "127.0.0.1")
+
+    # -- CLI -------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {
+            "job": self.job, "generation": self.generation, "world_size": self.world_size,
+            "nnodes": self.nnodes, "scheduler": self.scheduler_name,
+            "spares": self.scheduler.spare_count() if self.scheduler else 0, "spares_used": self.spares_used,
+            "problems": self.problems, "busy": self._task_kind,
+            "ranks": [r.public() for r in self.ranks.values()],
+            "nodes": [{"node": n.node, "host": n.host, "alive": n.alive, "spares": n.spares} for n in self.nodes.values()],
+        }
+
+    async def _handle_cli(self, reader, writer):
+        conn = Conn(reader, writer)
+        try:
+            line = await reader.readline()
+            msg = json.loads(line)
+            handler = COMMANDS.get(msg.get("op"))
+            if handler is None:
+                reply = {"ok": False, "error": f"unknown op {msg.get('op')!r}"}
+            else:
+                try:
+                    reply = await handler(self, msg)
+                except core.Unrecoverable as exc:
+                    reply = {"ok": False, "error": str(exc)}
+                except asyncio.CancelledError:
+                    reply = {"ok": False, "error": self.failure or "interrupted by a failure elsewhere in the job"}
+                except Exception as exc:  # answer, never leave the CLI hanging on a closed socket
+                    import traceback
+
+                    traceback.print_exc()
+                    reply = {"ok": False, "error": f"internal error: {exc!r}"}
+            conn.send(reply)
+            await writer.drain()
+        except (ValueError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+
+def _post_step(source: dict) -> int | None:
+    post = source.get("post") if source else None
+    return int(post[0]) if post else None
+
+
+@command("status")
+async def _status(orch: Orchestrator, msg: dict) -> dict:
+    return {"ok": True, "status": orch.status()}
+
+
+@command("migrate")
+async def _migrate_cmd(orch: Orchestrator, msg: dict) -> dict:
+    try:
+        rank = int(msg["rank"])
+    except (KeyError, TypeError, ValueError):
+        return {"ok": False, "error": "migrate needs an integer 'rank'"}
+    return {"ok": True, "result": await orch.migrate(rank)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m lockstep.orchestrator")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--scheduler", default="local")
+    ap.add_argument("--host", default="0.0.0.0")  # noqa: S104 (the nodes' supervisors and ranks connect; hello needs the job token)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--advertise", default="127.0.0.1", help="the address other nodes reach this host at")
+    args = ap.parse_args(argv)
+    token = os.environ.get("LOCKSTEP_JOB_TOKEN", "")
+    if not token:
+        print("lockstep orchestrator: LOCKSTEP_JOB_TOKEN is not set", file=sys.stderr)
+        return 2
+    orch = Orchestrator(job=args.job, token=token, world_size=args.world_size, nnodes=args.nnodes,
+                        scheduler_name=args.scheduler, host=args.host, port=args.port, resume=args.resume)
+    orch.advertise = args.advertise
+    signal.signal(signal.SIGTERM, lambda *a: orch._done.set())
+    return asyncio.run(orch.serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The orchestrator's decisions, as pure functions."""
+
+import pytest
+
+from lockstep.orchestrator import core
+
+
+def survivor(rank, step, done_seq, done_key, addr=None, groups=None):
+    g = groups or {"default": core.GroupProgress(done_seq, done_key)}
+    return core.SurvivorReport(rank, step, g, addr or f"h:{rank}")
+
+
+def test_an_exit_by_signal_is_a_lost_rank_and_a_nonzero_status_is_a_failed_script():
+    assert core.classify_exit(-9, 9, False) == "lost"
+    assert core.classify_exit(1, None, False) == "failed"
+    assert core.classify_exit(0, None, False) == "finished"
+    assert core.classify_exit(-9, 9, True) == "migrated"
+
+
+def test_survivors_one_collective_apart_rerun_from_the_slowest():
+    survivors = [survivor(0, 10, 41, (10, 2)), survivor(1, 10, 42, (10, 3)), survivor(3, 10, 41, (10, 2))]
+    plan = core.plan_recovery(1, survivors, {2: 10})
+    assert plan.rerun_from_seq == {"default": 42}
+    assert plan.live_after == {"default": [10, 2]}
+    assert plan.resume_at == {2: 10}
+
+
+def test_a_donor_still_at_the_lost_ranks_boundary_comes_first():
+    survivors = [survivor(0, 11, 50, (10, 4), "a"), survivor(1, 10, 49, (10, 3), "b"), survivor(3, 11, 50, (10, 4), "c")]
+    plan = core.plan_recovery(2, survivors, {2: 10})
+    assert plan.donors[2][0] == "b"
+    assert set(plan.donors[2]) == {"a", "b", "c"}
+
+
+def test_survivors_further_apart_than_one_collective_are_refused():
+    with pytest.raises(core.Unrecoverable, match="2 collectives apart"):
+        core.plan_recovery(1, [survivor(0, 5, 10, (5, 0)), survivor(1, 5, 12, (5, 2))], {2: 5})
+
+
+def test_a_lost_rank_whose_last_replica_is_too_old_is_refused():
+    with pytest.raises(core.Unrecoverable, match="last replicated step is 3"):
+        core.plan_recovery(1, [survivor(0, 9, 10, (9, 0))], {1: 3})
+
+
+def test_no_survivor_means_no_replica():
+    with pytest.raises(core.Unrecoverable, match="every rank was lost"):
+        core.plan_recovery(1, [], {0: 4})
+
+
+def test_point_to_point_traffic_makes_a_group_unrecoverable():
+    g = {"default": core.GroupProgress(3, (1, 0), unprotected=["send"])}
+    with pytest.raises(core.Unrecoverable, match="point-to-point"):
+        core.plan_recovery(1, [survivor(0, 1, 3, (1, 0), groups=g)], {1: 1})
+
+
+def test_a_rank_lost_before_its_first_step_resumes_at_zero():
+    plan = core.plan_recovery(1, [survivor(0, 0, 0, None), survivor(1, 0, 0, None)], {2: None})
+    assert plan.resume_at == {2: 0}
+    assert plan.live_after == {"default": None}
+    assert plan.rerun_from_seq == {"default": 1}
+
+
+def test_the_hold_boundary_covers_heartbeat_staleness():
+    assert core.hold_boundary([100, 101], step_time_s=0.01, lead_s=0.5) == 101 + 51
+    assert core.hold_boundary([7], step_time_s=2.0) == 9
+    with pytest.raises(ValueError):
+        core.hold_boundary([], 0.1)
+
+
+def test_a_replacement_prefers_the_lost_ranks_node_then_the_one_with_most_spares():
+    nodes = {0: {"alive": True, "spares": 1}, 1: {"alive": True, "spares": 3}, 2: {"alive": False, "spares": 5}}
+    assert core.pick_node(nodes, 0) == 0
+    assert core.pick_node(nodes, 2) == 1
+    assert core.pick_node({0: {"alive": True, "spares": 0}}, 0) is None
+
+
+def test_silent_nodes_are_lost_after_the_timeout():
+    assert core.lost_nodes({0: 10.0, 1: 8.0}, now=10.5, timeout_s=1.5) == [1]
