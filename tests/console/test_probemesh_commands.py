@@ -7,13 +7,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-from rest_framework import serializers
 
 from agent.commands import ArgError, validate_args
 from agent.probemesh import plan as agentplan
-from console.commands import dispatch, registry
+from console.commands import registry
+from console.commands import services as command_services
 from console.commands.models import Command
 from console.commands.probemesh import ports_for_paths
+from console.core.errors import Invalid
 from tests.factories import make_fleet
 
 PLAN = {
@@ -93,9 +94,9 @@ def test_a_plan_the_agent_refuses_the_console_refuses_naming_the_same_field(plan
     with pytest.raises(ArgError) as agent_err:
         agent_check(plan)
     assert field in str(agent_err.value)
-    with pytest.raises(serializers.ValidationError) as console_err:
+    with pytest.raises(Invalid) as console_err:
         console_check(plan)
-    assert field in str(console_err.value.detail["args"]), console_err.value.detail
+    assert field in str(console_err.value.fields["args.args"]), console_err.value.fields
 
 
 @pytest.mark.parametrize("paths", [1, 2, 8, 16, 64])
@@ -120,7 +121,7 @@ def test_an_operator_starts_the_mesh_and_a_bad_plan_stores_nothing(world, fleet)
     bad = client.post(url, {"type": "activity.set", "args": {"name": "probe.mesh", "args": BAD[0][0]}},
                       format="json")
     assert bad.status_code == 400
-    assert "nics[0].address: '172.16.0.300' is not an IPv4 address" in str(bad.json()["fields"]["args"])
+    assert "nics[0].address: '172.16.0.300' is not an IPv4 address" in str(bad.json()["fields"]["args.args"])
     assert Command.objects.count() == count
 
 
@@ -130,11 +131,11 @@ def test_a_large_fabrics_plan_fits_the_probe_mesh_bound_and_a_huge_one_does_not(
     nics = [{"name": f"node9999/nic{k}", "interface": f"nic{k}", "address": f"172.20.{k}.1", "peers": peers}
             for k in range(8)]
     routers = {f"100.64.{i // 250}.{i % 250}": [f"spine-{i % 16}", f"L{i}"] for i in range(2000)}
-    command, _ = dispatch.issue_command(fleet.node, "activity.set",
+    command, _ = command_services.issue_command(fleet.node, "activity.set",
                                         {"name": "probe.mesh", "args": {"nics": nics, "routers": routers}})
     assert len(command.args["args"]["nics"]) == 8  # ~100 KB: above other activities' 16 KiB bound
     routers = {f"100.{64 + i // 60000}.{i // 250 % 240}.{i % 250}": [f"spine-{i % 16}", f"link-{i:06d}"]
                for i in range(20000)}
-    with pytest.raises(serializers.ValidationError) as err:
-        dispatch.issue_command(fleet.node, "activity.set", {"name": "probe.mesh", "args": {"routers": routers}})
-    assert "the plan is larger than 524288 bytes" in str(err.value.detail["args"])
+    with pytest.raises(Invalid) as err:
+        command_services.issue_command(fleet.node, "activity.set", {"name": "probe.mesh", "args": {"routers": routers}})
+    assert "the plan is larger than 524288 bytes" in str(err.value.fields["args.args"])
