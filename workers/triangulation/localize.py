@@ -1,0 +1,457 @@
+"""Fault localization of one window: three channels, one sparse search each, one verdict.
+
+Channels (each a `glm.SparseGLM` over the elements of `fabric.FabricModel`):
+
+1. **loss** (Poisson): lost_i ~ Poisson(sent_i * mu_i) with
+   mu_i = b1 * hops_i + b0 + sum_e x[i, e] r_e: background per link crossed and per pair, plus a
+   loss rate r_e per faulty element, x the fraction of the pair's probes crossing e (even ECMP
+   spreading, or 1 on a known path). Exact for one faulty element per pair; overlaps add.
+2. **median delay** (noisy-OR): a pair is anomalous when its p50 exceeds the healthy p50 of its
+   hop count by more than `delay_z` robust standard deviations (1.4826 MAD over the window's
+   pairs) and by `delay_rel` of the healthy value. An element with activation a and coverage
+   threshold tau makes each pair with x[i, e] >= tau anomalous with probability a; a pair is
+   normal only if no element (nor the background rate) makes it anomalous. The threshold matters
+   for unknown paths: a delay on 1/32 of a pair's paths shifts its p99, not its p50.
+3. **tail delay** (noisy-OR): the same on p99.
+
+Candidate pools: every element's excess (observed minus expected losses or anomalies, summed
+with the weights x[i, e]) comes from one adjoint pass over all elements
+(`Prepared.adjoint`, the ECMP dynamic programme of workers.fabric.paths); the top elements of
+each kind by excess and by excess / sqrt(expected) form the pool, whose columns are built
+explicitly; the search runs in the pool; then the residual is screened again and the pool grown
+until nothing new stands out.
+
+Reporting (formats/fabric.md): an active element is a culprit when it pays its penalty, is
+backed by at least `min_support` positive pairs it explains for the most part, and is large
+enough to matter (loss rate >= max(`loss_floor`, `bg_multiple` x the background per link);
+delay activation >= `min_activation`). A tail-only anomaly of a host or NIC is end-host noise
+(the spec's noisy host), never a culprit; tail anomalies of links and switches are (queueing on
+a congested link). Link directions report as the link, NIC and host directions as the NIC and
+host; a host all of whose NICs are culprits is the host; a switch all of whose links (or NICs)
+are culprits is the switch; NICs of a culprit host fold into it.
+
+Confidence of a culprit = P(it is the element | single swaps with every pool candidate or none,
+prior odds exp(-penalty)) x P(its rate is above the reporting floor), from the channel's
+likelihood; combined over channels as 1 - prod(1 - c).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from workers.triangulation.fabric import (
+    KIND_HOST,
+    KIND_LINK,
+    KIND_NIC,
+    KIND_SWITCH,
+    Columns,
+    FabricModel,
+    Prepared,
+)
+from workers.triangulation.glm import NOISY_OR, POISSON, SparseGLM
+
+VERDICT_FORMAT = "lockstep.verdict/v1"
+# tie-break between elements the probes cannot tell apart: the spec names a host whose every
+# NIC misbehaves as the host, otherwise the smallest element
+_RANK = {KIND_HOST: 0, KIND_NIC: 1, KIND_LINK: 2, KIND_SWITCH: 3}
+
+
+@dataclass(frozen=True)
+class Settings:
+    loss_floor: float = 0.003  # smallest loss rate of an element reported as a fault
+    bg_multiple: float = 3.0  # ... and at least this many times the background per link
+    delay_z: float = 6.0  # robust z above the healthy percentile for an anomalous pair
+    delay_rel: float = 0.3  # ... and at least this fraction of the healthy percentile
+    min_delivered: int = 5  # delay percentiles of pairs with fewer delivered probes are unused
+    min_activation: float = 0.3  # delay: smallest share of covered pairs made anomalous
+    min_support: int = 2  # positive pairs an element must explain for the most part
+    pool_fabric: int = 32  # candidates per kind and ranking taken into the pool
+    pool_edge: int = 48
+    rescreen_rounds: int = 3
+    coverage: tuple[float, ...] = (1.0, 0.5, 0.2, 0.05, 0.0)  # delay coverage thresholds tau
+
+
+@dataclass(frozen=True)
+class Culprit:
+    kind: str
+    name: str
+    confidence: float
+    evidence: dict = field(default_factory=dict, compare=False)
+
+    def to_document(self, evidence: bool = False) -> dict:
+        doc = {"kind": self.kind, "name": self.name, "confidence": round(self.confidence, 4)}
+        if evidence and self.evidence:
+            doc["evidence"] = self.evidence
+        return doc
+
+
+@dataclass(frozen=True)
+class Verdict:
+    network_ok: bool
+    culprits: tuple[Culprit, ...]
+    stats: dict = field(default_factory=dict, compare=False)
+
+    def to_document(self, evidence: bool = False) -> dict:
+        return {"format": VERDICT_FORMAT, "network_ok": self.network_ok,
+                "culprits": [c.to_document(evidence) for c in self.culprits]}
+
+
+# ---- one channel --------------------------------------------------------------------------
+
+
+@dataclass
+class _Found:
+    element: int
+    confidence: float
+    value: float  # loss rate, or delay activation
+    support: int
+    channel: str
+    tau: float = 1.0
+
+
+class _Channel:
+    """The pool, columns and SparseGLM of one channel, grown by rescreening."""
+
+    def __init__(self, prep: Prepared, settings: Settings, kind: str):
+        self.prep = prep
+        self.model = prep.model
+        self.s = settings
+        self.kind = kind
+
+    # the three channels differ only in these pieces
+    def setup(self) -> bool:
+        raise NotImplementedError
+
+    def run(self) -> list[_Found]:
+        if not self.setup():
+            return []
+        m = self.model
+        pool = np.zeros(0, dtype=np.int64)
+        glm = None
+        for _round in range(self.s.rescreen_rounds):
+            w = self.screen_weights(glm)
+            adj = self.prep.adjoint(w)
+            excess, expected = adj[:, 0], adj[:, 1]
+            new = self._top(excess, expected, exclude=pool, residual=glm is not None)
+            if new.size == 0:
+                break
+            pool = np.concatenate((pool, new))
+            glm = self.build(pool, glm)
+            glm.select()
+            if not glm.active:
+                break
+        if glm is None:
+            return []
+        del m
+        return self.report(glm)
+
+    def _top(self, excess: np.ndarray, expected: np.ndarray, exclude: np.ndarray, residual: bool) -> np.ndarray:
+        m = self.model
+        z = excess / np.sqrt(expected + 1.0)
+        ok = m.candidate & (excess > 0)
+        if residual:  # later rounds: only what still stands out
+            ok &= (z > 3.0) & (excess > 1.0)
+        ok[exclude] = False
+        picks = []
+        for kinds, k in (((KIND_LINK,), self.s.pool_fabric), ((KIND_SWITCH,), self.s.pool_fabric),
+                         ((KIND_NIC, KIND_HOST), self.s.pool_edge)):
+            sel = np.flatnonzero(ok & np.isin(m.kind, kinds))
+            if sel.size == 0:
+                continue
+            for score in (excess[sel], z[sel]):
+                top = sel[np.argsort(-score, kind="stable")[:k]]
+                picks.append(top)
+        if not picks:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(picks))
+
+
+class _Loss(_Channel):
+    def setup(self) -> bool:
+        p = self.prep
+        self.S = np.flatnonzero(p.lost > 0)
+        if self.S.size == 0:
+            return False
+        n, k, h = p.sent, p.lost, p.hops_bg
+        self.bg_cols = np.stack((h, np.ones(p.n)), axis=1)
+        self.bg_T = np.array([float(n @ h), float(n.sum())])
+        total = float(k.sum())
+        self.bg0 = np.array([0.5 * total / max(self.bg_T[0], 1.0), 0.5 * total / max(self.bg_T[1], 1.0)])
+        self.pen = math.log(max(int(self.model.candidate.sum()), 2)) + 0.5 * math.log(max(p.n, 2))
+        return True
+
+    def _mu(self, glm: SparseGLM | None) -> np.ndarray:
+        p = self.prep
+        if glm is None:
+            return self.bg_cols @ self.bg0
+        th = glm.theta
+        mu = self.bg_cols @ th[:2]
+        act = [j for j in glm.active]
+        if act:
+            cols = p.columns(self.pool_elements[np.array(act) - 2])
+            full = p.restrict(cols, np.arange(p.n))
+            mu = mu + full @ th[np.array(act)]
+        return mu
+
+    def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
+        p = self.prep
+        mu = self._mu(glm)
+        return np.stack((p.lost - p.sent * mu, p.sent * mu), axis=1)
+
+    def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
+        p, m = self.prep, self.model
+        self.pool_elements = pool
+        cols = p.columns(pool)
+        T = p.totals(cols, p.sent)
+        Xp = p.restrict(cols, self.S)
+        X = sp.hstack((sp.csc_matrix(self.bg_cols[self.S]), Xp), format="csc")
+        P = X.shape[1]
+        forced = np.zeros(P, dtype=bool)
+        forced[:2] = True
+        pen = np.full(P, self.pen)
+        pen[:2] = 0.0
+        rank = np.concatenate(([-1, -1], [_RANK[int(m.kind[e])] for e in pool]))
+        group = np.concatenate(([-1, -2], self._groups(pool)))
+        glm = SparseGLM(POISSON, p.lost[self.S], X, np.concatenate((self.bg_T, T)), pen, forced, rank, group)
+        glm.start(old.theta[:2] if old is not None else self.bg0)
+        if old is not None:  # warm start: the previous active elements keep their rates
+            for j in old.active:
+                glm._set(j, float(old.theta[j]))
+                glm.active.append(j)
+            glm.refit()
+        return glm
+
+    def _groups(self, elements: np.ndarray) -> np.ndarray:
+        m = self.model
+        return m.kind[elements].astype(np.int64) * (1 << 40) + m.target[elements]
+
+    def report(self, glm: SparseGLM) -> list[_Found]:
+        p = self.prep
+        b1, b0 = glm.theta[0], glm.theta[1]
+        per_link = (b1 * float(p.sent @ p.hops_bg) + b0 * float(p.sent.sum())) / max(float(p.sent @ p.hops_bg), 1.0)
+        floor = max(self.s.loss_floor, self.s.bg_multiple * per_link)
+        self.floor = floor
+        out = []
+        for j in glm.active:
+            rate = float(glm.theta[j])
+            support = glm.support(j)
+            if rate < floor or support < self.s.min_support:
+                continue
+            conf = glm.posterior(j) * glm.floor_probability(j, floor)
+            out.append(_Found(int(self.pool_elements[j - 2]), conf, rate, support, "loss"))
+        return out
+
+
+class _Delay(_Channel):
+    """Median (`which` = 'p50') or tail ('p99') delay anomalies, noisy-OR over coverage tau."""
+
+    def __init__(self, prep: Prepared, settings: Settings, which: str):
+        super().__init__(prep, settings, which)
+        self.which = which
+
+    def setup(self) -> bool:
+        p, s = self.prep, self.s
+        values = p.p50 if self.which == "p50" else p.p99
+        usable = np.isfinite(p.p50) & np.isfinite(p.p99) & (p.sent - p.lost >= s.min_delivered)
+        self.usable = usable
+        anomalous = np.zeros(p.n, dtype=bool)
+        base = np.full(p.n, np.nan)
+        hops = p.hops_bg
+        for h in np.unique(hops[usable]):
+            g = usable & (hops == h)
+            v = values[g]
+            med = float(np.median(v))
+            mad = 1.4826 * float(np.median(np.abs(v - med)))
+            scale = max(mad, 1e-3 * abs(med), 1e-3)
+            if g.sum() < 8:  # too few pairs for a spread of their own: use the window's
+                scale = max(scale, self._pooled_scale(values, usable, hops))
+            base[g] = med
+            anomalous[g] = (v - med > s.delay_z * scale) & (v - med > s.delay_rel * med)
+        self.anomalous = anomalous
+        self.base = base
+        self.S = np.flatnonzero(anomalous)
+        if self.S.size < s.min_support:
+            return False
+        self.n_normal = float(np.count_nonzero(usable & ~anomalous))
+        self.rate0 = max(self.S.size / max(float(usable.sum()), 1.0), 1e-6)
+        n_taus = len(s.coverage)
+        self.pen = (math.log(max(int(self.model.candidate.sum()) * n_taus, 2))
+                    + 0.5 * math.log(max(int(usable.sum()), 2)))
+        return True
+
+    @staticmethod
+    def _pooled_scale(values, usable, hops) -> float:
+        dev = []
+        for h in np.unique(hops[usable]):
+            v = values[usable & (hops == h)]
+            dev.append(np.abs(v - np.median(v)))
+        d = np.concatenate(dev)
+        return 1.4826 * float(np.median(d)) if d.size else 0.0
+
+    def _prob(self, glm: SparseGLM | None) -> np.ndarray:
+        p = self.prep
+        if glm is None:
+            return np.full(p.n, self.rate0)
+        eta = np.full(p.n, glm.theta[0])
+        for j in glm.active:
+            block, q = self.col_of[j]
+            full = p.restrict(_select(block, np.array([q])), np.arange(p.n))
+            eta += full @ glm.theta[[j]]
+        return -np.expm1(-eta)
+
+    def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
+        P = self._prob(glm)
+        u = self.usable
+        t = self.anomalous.astype(np.float64)
+        return np.stack((np.where(u, t - P, 0.0), np.where(u, P * (1 - P), 0.0)), axis=1)
+
+    def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
+        p, m, s = self.prep, self.model, self.s
+        self.pool_elements = pool
+        base_cols = p.columns(pool)
+        normal_w = (self.usable & ~self.anomalous).astype(np.float64)
+        normal_c = p.class_sums(normal_w)
+        mats = [sp.csc_matrix(np.ones((self.S.size, 1)))]
+        Ts = [np.array([self.n_normal])]
+        elements = [-1]
+        taus = [0.0]
+        self.col_of: dict[int, tuple[Columns, int]] = {}  # column -> (its tau block, position)
+        fabric = m.kind[pool] <= KIND_SWITCH
+        # one column per pool element and coverage threshold (edge elements: x is 1)
+        for tau in s.coverage:
+            sel = np.flatnonzero(fabric) if tau < 1.0 else np.arange(len(pool))
+            if sel.size == 0:
+                continue
+            cols = _select(base_cols, sel).transformed(
+                lambda x, t=tau: (x >= t * (1 - 1e-9)).astype(np.float64) if t > 0 else (x > 0).astype(np.float64))
+            start = sum(mm.shape[1] for mm in mats)
+            mats.append(p.restrict(cols, self.S))
+            Ts.append(p.totals(cols, normal_w, normal_c))
+            for q, e in enumerate(pool[sel]):
+                self.col_of[start + q] = (cols, q)
+                elements.append(int(e))
+                taus.append(tau)
+        X = sp.hstack(mats, format="csc")
+        T = np.concatenate(Ts)
+        P = X.shape[1]
+        self.col_element = np.array(elements, dtype=np.int64)
+        self.col_tau = np.array(taus)
+        forced = np.zeros(P, dtype=bool)
+        forced[0] = True
+        pen = np.full(P, self.pen)
+        pen[0] = 0.0
+        rank = np.array([-1] + [_RANK[int(m.kind[e])] for e in elements[1:]], dtype=np.float64)
+        # between two thresholds that fit equally, prefer the higher one (the smaller claim)
+        rank[1:] += 0.01 * (1.0 - self.col_tau[1:])
+        group = np.concatenate(([-1], m.kind[self.col_element[1:]].astype(np.int64) * (1 << 40)
+                                + m.target[self.col_element[1:]]))
+        glm = SparseGLM(NOISY_OR, np.ones(self.S.size), X, T, pen, forced, rank, group)
+        glm.start(np.array([-math.log1p(-self.rate0)]))
+        if old is not None:
+            for j in old.active:
+                glm._set(j, float(old.theta[j]))
+                glm.active.append(j)
+            glm.refit()
+        return glm
+
+    def report(self, glm: SparseGLM) -> list[_Found]:
+        out = []
+        m = self.model
+        for j in glm.active:
+            e = int(self.col_element[j])
+            act = -math.expm1(-float(glm.theta[j]))
+            support = glm.support(j)
+            if act < self.s.min_activation or support < self.s.min_support:
+                continue
+            if self.which == "p99" and m.kind[e] in (KIND_NIC, KIND_HOST):
+                continue  # a noisy tail at an end host is not a fault
+            floor = -math.log1p(-self.s.min_activation)
+            conf = glm.posterior(j) * glm.floor_probability(j, floor)
+            out.append(_Found(e, conf, act, support, self.which, float(self.col_tau[j])))
+        return out
+
+
+def _select(cols, sel: np.ndarray):
+    """The sub-Columns of the given column positions (renumbered 0..len(sel)-1)."""
+    lut = np.full(len(cols.elements), -1, dtype=np.int64)
+    lut[sel] = np.arange(len(sel))
+    me = lut[cols.ecmp_col] >= 0
+    mp = lut[cols.pair_col] >= 0
+    return Columns(cols.elements[sel], cols.ecmp_class[me], lut[cols.ecmp_col[me]], cols.ecmp_x[me],
+                   cols.pair_row[mp], lut[cols.pair_col[mp]], cols.pair_x[mp])
+
+
+# ---- the verdict --------------------------------------------------------------------------
+
+
+def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
+    model = prep.model
+    found: list[_Found] = []
+    loss = _Loss(prep, settings, "loss")
+    found += loss.run()
+    for which in ("p50", "p99"):
+        found += _Delay(prep, settings, which).run()
+    return _verdict(model, found, {"pairs": prep.n})
+
+
+def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
+    idx = model.index
+    by_key: dict[tuple[int, int], list[_Found]] = {}
+    for f in found:
+        key = (int(model.kind[f.element]), int(model.target[f.element]))
+        by_key.setdefault(key, []).append(f)
+    conf: dict[tuple[int, int], float] = {}
+    evidence: dict[tuple[int, int], dict] = {}
+    for key, fs in by_key.items():
+        conf[key] = 1.0 - math.prod(1.0 - min(max(f.confidence, 0.0), 1.0) for f in fs)
+        ev: dict = {}
+        for f in fs:
+            label = model.label(f.element)
+            if f.channel == "loss":
+                ev.setdefault("loss", {})[label] = round(f.value, 6)
+            else:
+                ev.setdefault(f.channel, {})[label] = {"activation": round(f.value, 4), "coverage": f.tau}
+            ev.setdefault("pairs", 0)
+            ev["pairs"] = max(ev["pairs"], f.support)
+        evidence[key] = ev
+
+    # a host all of whose NICs are culprits is the host; NICs of a culprit host fold into it
+    nic_keys = [k for k in conf if k[0] == KIND_NIC]
+    per_host: dict[int, list[tuple[int, int]]] = {}
+    for k in nic_keys:
+        per_host.setdefault(int(model.nic_host[k[1]]), []).append(k)
+    for h, ks in per_host.items():
+        host_key = (KIND_HOST, h)
+        if host_key in conf or (len(ks) == model.nics_per_host[h] and model.nics_per_host[h] > 1):
+            c = conf.get(host_key, 0.0)
+            conf[host_key] = max(c, min(conf[k] for k in ks)) if host_key not in conf else c
+            for k in ks:
+                evidence.setdefault(host_key, {}).setdefault("nics", []).append(idx.nic_names[k[1]])
+                conf.pop(k)
+    # a switch all of whose ports (links, or NICs for access links) are culprits is the switch
+    ports: dict[int, list[tuple[int, int]]] = {}
+    for k, link in enumerate(idx.topology.links):
+        for end in (link.a, link.b):
+            s = idx.switch_index.get(end)
+            if s is None:
+                continue
+            other = link.b if end == link.a else link.a
+            single_nic = other in idx.nic_index and idx.nic_access[idx.nic_index[other]] == k
+            ports.setdefault(s, []).append((KIND_NIC, idx.nic_index[other]) if single_nic else (KIND_LINK, k))
+    for s, ks in ports.items():
+        if len(ks) > 1 and all(k in conf for k in ks):
+            conf[(KIND_SWITCH, s)] = max(conf.get((KIND_SWITCH, s), 0.0), min(conf[k] for k in ks))
+            for k in ks:
+                conf.pop(k)
+
+    names = (idx.link_ids, idx.switch_names, idx.nic_names, idx.host_names)
+    kinds = ("link", "switch", "nic", "host")
+    culprits = [Culprit(kinds[k], names[k][t], float(c), evidence.get((k, t), {}))
+                for (k, t), c in conf.items()]
+    culprits.sort(key=lambda c: (-c.confidence, c.kind, c.name))
+    network_ok = not any(c.kind in ("link", "switch", "nic") for c in culprits)
+    return Verdict(network_ok, tuple(culprits), stats)
