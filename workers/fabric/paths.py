@@ -818,18 +818,22 @@ class Incidence:
                 rev[:, c] += np.bincount(lk[~is_fwd], weights=lw[~is_fwd], minlength=n_links)
         # switch-switch links and switches: flow DP per destination root
         edge_load = np.zeros((len(idx._e_link), m_cols))
+        cols = np.arange(m_cols)
         for _b, cnt_b, layers, legs in self._dags():
-            for c in range(m_cols):
-                lw = self.leg_w[legs] * w2[self.leg_pair[legs], c] / self.leg_n[legs]
-                flow = np.bincount(self.leg_a[legs], weights=lw, minlength=n_sw)
-                for k in range(len(layers) - 1, 0, -1):
-                    e = layers[k]
-                    if e.size == 0:
-                        continue
-                    t, h = idx._e_tail[e], idx._e_head[e]
-                    edge_load[e, c] += flow[t] * cnt_b[h]
-                    flow += np.bincount(h, weights=flow[t], minlength=n_sw)
-                sw_load[:, c] += flow * cnt_b
+            # all weight columns at once: flow is [switches x m], scattered with one bincount
+            lw = (self.leg_w[legs] / self.leg_n[legs])[:, None] * w2[self.leg_pair[legs]]
+            flow = np.bincount((self.leg_a[legs][:, None] * m_cols + cols).ravel(), weights=lw.ravel(),
+                               minlength=n_sw * m_cols).reshape(n_sw, m_cols)
+            for k in range(len(layers) - 1, 0, -1):
+                e = layers[k]
+                if e.size == 0:
+                    continue
+                t, h = idx._e_tail[e], idx._e_head[e]
+                ft = flow[t]
+                edge_load[e] += ft * cnt_b[h][:, None]
+                flow += np.bincount((h[:, None] * m_cols + cols).ravel(), weights=ft.ravel(),
+                                    minlength=n_sw * m_cols).reshape(n_sw, m_cols)
+            sw_load += flow * cnt_b[:, None]
         ef = idx._e_fwd
         kn = self._known
         for c in range(m_cols):

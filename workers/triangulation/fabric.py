@@ -89,6 +89,7 @@ class FabricModel:
         self.nics_per_host = np.bincount(idx.nic_host, minlength=H)
         self._classes: OrderedDict[bytes, Incidence] = OrderedDict()
         self._warm = False
+        self._ports: dict[int, list[tuple[int, int]]] | None = None
 
     # ---- names ----------------------------------------------------------------------------
 
@@ -107,6 +108,23 @@ class FabricModel:
         if e >= self.nic_tx0:
             return f"{kind} {name} " + ("tx" if (e < self.nic_rx0 or self.host_tx0 <= e < self.host_rx0) else "rx")
         return f"{kind} {name}"
+
+    def switch_ports(self) -> dict[int, list[tuple[int, int]]]:
+        """Per switch, the culprit keys of its ports: (KIND_LINK, link) or, for the access link
+        of a single-homed NIC, (KIND_NIC, nic)."""
+        if self._ports is None:
+            idx = self.index
+            ports: dict[int, list[tuple[int, int]]] = {}
+            for k, link in enumerate(idx.topology.links):
+                for end, other in ((link.a, link.b), (link.b, link.a)):
+                    s = idx.switch_index.get(end)
+                    if s is None:
+                        continue
+                    nic = idx.nic_index.get(other)
+                    single = nic is not None and idx.nic_access[nic] == k
+                    ports.setdefault(s, []).append((KIND_NIC, nic) if single else (KIND_LINK, k))
+            self._ports = ports
+        return self._ports
 
     def warm(self) -> None:
         """Run the breadth-first search of every NIC's root switch now (cached for all windows)."""
@@ -206,6 +224,7 @@ class Prepared:
         else:
             self.inc = None
         self.reachable = self.hops >= 0
+        self._col_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         # unreachable pairs (by the topology) still see their ends; count them as two hops
         self.hops_bg = np.where(self.reachable, self.hops, 2).astype(np.float64)
 
@@ -260,9 +279,31 @@ class Prepared:
         return out
 
     def columns(self, elements: np.ndarray) -> Columns:
-        """The columns of the given element indices (FabricModel order)."""
-        model = self.model
+        """The columns of the given element indices (FabricModel order), cached per element."""
         elements = np.asarray(elements, dtype=np.int64)
+        missing = np.array([e for e in np.unique(elements) if int(e) not in self._col_cache], dtype=np.int64)
+        if missing.size:
+            got = self._compute_columns(missing)
+            eo = np.argsort(got.ecmp_col, kind="stable")
+            po = np.argsort(got.pair_col, kind="stable")
+            ecut = np.searchsorted(got.ecmp_col[eo], np.arange(len(missing) + 1))
+            pcut = np.searchsorted(got.pair_col[po], np.arange(len(missing) + 1))
+            for q, e in enumerate(missing.tolist()):
+                es, ps = eo[ecut[q]:ecut[q + 1]], po[pcut[q]:pcut[q + 1]]
+                self._col_cache[e] = (got.ecmp_class[es], got.ecmp_x[es], got.pair_row[ps], got.pair_x[ps])
+        parts = [self._col_cache[int(e)] for e in elements]
+        ne = np.array([len(pt[0]) for pt in parts], dtype=np.int64)
+        npr = np.array([len(pt[2]) for pt in parts], dtype=np.int64)
+        cat = np.concatenate
+        z, zf = np.zeros(0, dtype=np.int64), np.zeros(0)
+        return Columns(
+            elements,
+            cat([pt[0] for pt in parts] + [z]), np.repeat(np.arange(len(elements)), ne), cat([pt[1] for pt in parts] + [zf]),
+            cat([pt[2] for pt in parts] + [z]), np.repeat(np.arange(len(elements)), npr), cat([pt[3] for pt in parts] + [zf]),
+        )
+
+    def _compute_columns(self, elements: np.ndarray) -> Columns:
+        model = self.model
         L = model.n_links
         cols = np.arange(len(elements))
         is_link = elements < 2 * L

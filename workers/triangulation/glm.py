@@ -101,9 +101,10 @@ class SparseGLM:
         seg = np.repeat(np.arange(len(cols)), lengths)
         return self.X.indices[pos], self.X.data[pos], seg
 
-    def best_theta(self, cols: np.ndarray, eta: np.ndarray | None = None):
+    def best_theta(self, cols: np.ndarray, eta: np.ndarray | None = None, warm: bool = False):
         """For each column: (theta, gain) maximizing LL over that column alone, the other
-        columns' contribution fixed at `eta` (default: the current model without the column)."""
+        columns' contribution fixed at `eta` (default: the current model without the column).
+        warm: start from the current theta (refits)."""
         cols = np.asarray(cols, dtype=np.int64)
         k = len(cols)
         if k == 0:
@@ -111,7 +112,7 @@ class SparseGLM:
         fam = self.family
         rows, x, seg = self._gather(cols)
         base = self.eta[rows] - x * self.theta[cols][seg] if eta is None else eta[rows]
-        base = np.maximum(base, 1e-300)
+        base = np.maximum(base, 1e-100)
         yv = self.y[rows]
         T = self.T[cols]
         Y = np.bincount(seg, weights=yv, minlength=k)
@@ -119,59 +120,141 @@ class SparseGLM:
         def g1(th):
             return np.bincount(seg, weights=yv * x * fam.f1(base + x * th[seg]), minlength=k) - T
 
-        def g2(th):
-            return np.bincount(seg, weights=yv * x * x * fam.f2(base + x * th[seg]), minlength=k)
-
         cap = self.cap[cols]
-        lo = np.zeros(k)
         with np.errstate(divide="ignore", invalid="ignore"):
-            hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0) * (1 + 1e-9)), cap)
-        d0 = g1(lo)
-        live = d0 > 0
+            hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
         theta = np.zeros(k)
-        at_cap = live & (g1(hi) >= 0)
-        theta[at_cap] = hi[at_cap]
+        live = g1(theta) > 0
+        unbound = live & (hi >= cap)  # at the cap? possible only where the bound Y / T did not bind
+        at_cap = unbound & (g1(np.where(unbound, cap, 0.0)) >= 0)
+        theta[at_cap] = cap[at_cap]
         live &= ~at_cap
-        th = np.where(live, hi / 2, 0.0)
-        for _ in range(_NEWTON_STEPS):
-            if not live.any():
+        # safeguarded Newton on g1 = dLL/dtheta (decreasing): keep a bracket [lo, hi] around the
+        # root; a step leaving it falls back to the geometric middle (or hi / 100 while lo = 0)
+        todo = np.flatnonzero(live)
+        lo = np.zeros(k)
+        start = self.theta[cols] if warm else hi / 2
+        th_all = np.where((start > 0) & (start < hi), start, hi / 2)
+        for it in range(_NEWTON_STEPS):
+            if todo.size == 0:
                 break
-            d1 = g1(th)
-            up = live & (d1 > 0)
-            down = live & (d1 <= 0)
-            lo = np.where(up, th, lo)
-            hi = np.where(down, th, hi)
-            d2 = g2(th)
+            if it % 4 == 0:  # compact to the columns still moving
+                lut = np.full(k, -1, dtype=np.int64)
+                lut[todo] = np.arange(len(todo))
+                sel = lut[seg] >= 0
+                s_seg, s_x, s_y, s_base = lut[seg[sel]], x[sel], yv[sel], base[sel]
+                s_T, s_cols = T[todo], todo
+                s_lo, s_hi, s_th = lo[todo], hi[todo], th_all[todo]
+                alive = np.ones(len(todo), dtype=bool)
+                m = len(todo)
+            e = s_base + s_x * s_th[s_seg]
+            d1 = np.bincount(s_seg, weights=s_y * s_x * fam.f1(e), minlength=m) - s_T
+            d2 = np.bincount(s_seg, weights=s_y * s_x * s_x * fam.f2(e), minlength=m)
+            s_lo = np.where(d1 > 0, s_th, s_lo)
+            s_hi = np.where(d1 <= 0, s_th, s_hi)
             with np.errstate(divide="ignore", invalid="ignore"):
-                step = th - d1 / d2
-            bad = ~np.isfinite(step) | (step <= lo) | (step >= hi)
-            nxt = np.where(bad, (lo + hi) / 2, step)
-            done = live & ((np.abs(nxt - th) <= 1e-10 * np.maximum(th, 1e-12)) | (hi - lo <= 1e-12 * hi))
-            th = np.where(live, nxt, th)
-            live &= ~done
-        theta = np.where(at_cap, theta, np.where(d0 > 0, th, 0.0))
+                nxt = s_th - d1 / d2
+            fallback = np.where(s_lo > 0, np.sqrt(s_lo * s_hi), s_hi / 100.0)
+            nxt = np.where(np.isfinite(nxt) & (nxt > s_lo) & (nxt < s_hi), nxt, fallback)
+            alive &= (np.abs(nxt - s_th) > 1e-8 * s_th) & (s_hi - s_lo > 1e-10 * s_hi)
+            s_th = np.where(alive, nxt, s_th)
+            th_all[s_cols], lo[s_cols], hi[s_cols] = s_th, s_lo, s_hi
+            todo = s_cols[alive]
+        theta[live] = th_all[live]
         gain = np.bincount(seg, weights=yv * (fam.f(base + x * theta[seg]) - fam.f(base)), minlength=k) - theta * T
         return theta, np.maximum(gain, 0.0)
 
     # ---- the model ------------------------------------------------------------------------
 
     def loglik(self) -> float:
-        return float(np.sum(self.y * self.family.f(np.maximum(self.eta, 1e-300))) - self.theta @ self.T)
+        return float(np.sum(self.y * self.family.f(np.maximum(self.eta, 1e-100))) - self.theta @ self.T)
 
     def _set(self, j: int, value: float) -> None:
         a, b = self.X.indptr[j], self.X.indptr[j + 1]
         self.eta[self.X.indices[a:b]] += self.X.data[a:b] * (value - self.theta[j])
         self.theta[j] = value
 
-    def refit(self, sweeps: int = 30, tol: float = 1e-7) -> None:
-        cols = [j for j in np.flatnonzero(self.forced)] + self.active
+    def _colors(self, cols: list[int]) -> list[np.ndarray]:
+        """Split columns into groups without common positive pairs (greedy colouring)."""
+        groups: list[list[int]] = []
+        masks: list[np.ndarray] = []
+        ptr, ind = self.X.indptr, self.X.indices
+        for j in cols:
+            rows = ind[ptr[j]:ptr[j + 1]]
+            for g, m in zip(groups, masks, strict=True):
+                if not m[rows].any():
+                    g.append(j)
+                    m[rows] = True
+                    break
+            else:
+                m = np.zeros(self.X.shape[0], dtype=bool)
+                m[rows] = True
+                groups.append([j])
+                masks.append(m)
+        return [np.array(g, dtype=np.int64) for g in groups]
+
+    def refit(self, sweeps: int = 200, tol: float = 1e-4) -> None:
+        """Maximize LL over the forced and active columns: block coordinate ascent, LL never
+        decreasing. The forced (background) columns overlap everything and each other: one
+        joint Newton block; the active columns in groups without common positive pairs, each
+        group maximized exactly."""
+        forced = np.flatnonzero(self.forced)
+        groups = self._colors(self.active)
+        cur = self.loglik()
         for _ in range(sweeps):
-            before = self.loglik()
-            for j in cols:
-                th, _ = self.best_theta(np.array([j]))
-                self._set(j, float(th[0]))
-            if self.loglik() - before <= tol * max(1.0, abs(before)):
+            if forced.size:
+                self._joint(forced)
+            for g in groups:
+                th, _ = self.best_theta(g, warm=True)
+                for j, v in zip(g.tolist(), th.tolist(), strict=True):
+                    self._set(j, v)
+            new = self.loglik()
+            if new - cur <= tol:  # nats: far below any penalty
                 break
+            cur = new
+
+    def _joint(self, cols: np.ndarray, steps: int = 30) -> None:
+        """Projected Newton over a few columns at once, with a backtracking line search."""
+        fam = self.family
+        Xa = self.X[:, cols].toarray()
+        th = self.theta[cols].copy()
+        rest = self.eta - Xa @ th
+        T, cap = self.T[cols], self.cap[cols]
+
+        def ll(t):
+            e = rest + Xa @ t
+            return (-np.inf if np.any(e <= 0) else float(self.y @ fam.f(e) - t @ T)), e
+
+        cur, e = ll(th)
+        for _ in range(steps):
+            g = Xa.T @ (self.y * fam.f1(np.maximum(e, 1e-100))) - T
+            H = Xa.T @ (Xa * (self.y * fam.f2(np.maximum(e, 1e-100)))[:, None])
+            free = ((th > 0) | (g > 0)) & ~((th >= cap) & (g > 0))
+            if not free.any():
+                break
+            Hf = H[np.ix_(free, free)]
+            try:
+                d = np.linalg.solve(Hf - 1e-12 * np.abs(np.diag(Hf)).max() * np.eye(len(Hf)), -g[free])
+            except np.linalg.LinAlgError:
+                break
+            step = np.zeros_like(th)
+            step[free] = d
+            t, ok = 1.0, False
+            for _ls in range(30):
+                cand = np.clip(th + t * step, 0.0, cap)
+                val, e2 = ll(cand)
+                if val >= cur:
+                    ok = True
+                    break
+                t *= 0.5
+            if not ok:
+                break
+            done = val - cur <= 1e-6
+            th, cur, e = cand, val, e2
+            if done:
+                break
+        for j, v in zip(cols.tolist(), th.tolist(), strict=True):
+            self._set(j, v)
 
     def start(self, theta_forced: np.ndarray) -> None:
         for j, v in zip(np.flatnonzero(self.forced), theta_forced, strict=True):
@@ -183,34 +266,53 @@ class SparseGLM:
         a, b = self.X.indptr[j], self.X.indptr[j + 1]
         rows, x = self.X.indices[a:b], self.X.data[a:b]
         e = self.eta[rows]
-        e0 = np.maximum(e - x * self.theta[j], 1e-300)
+        e0 = np.maximum(e - x * self.theta[j], 1e-100)
         f = self.family.f
         return float(np.sum(self.y[rows] * (f(e) - f(e0))) - self.theta[j] * self.T[j])
 
-    def _pick(self, cand: np.ndarray, score: np.ndarray) -> int:
-        best = score.max()
-        near = np.flatnonzero(score >= best - 1e-9 * max(1.0, abs(best)))
-        return int(cand[near[np.argmin(self.rank[cand[near]])]])
+    def _batch(self, cand: np.ndarray, score: np.ndarray, limit: int) -> list[int]:
+        """The candidates to add at once: best first (ties to the lower rank), each one only if
+        it shares no positive pair with a better one taken now. Columns without common pairs
+        have independent gains, so this is what one-at-a-time selection would add, in fewer
+        refits."""
+        good = score > 0
+        cand, score = cand[good], score[good]
+        if cand.size == 0:
+            return []
+        scale = max(1.0, float(np.abs(score).max()))
+        quant = np.round(score / scale * 1e9)
+        order = np.lexsort((self.rank[cand], -quant))
+        taken = np.zeros(self.X.shape[0], dtype=bool)
+        out: list[int] = []
+        ptr, ind = self.X.indptr, self.X.indices
+        for j in cand[order]:
+            rows = ind[ptr[j]:ptr[j + 1]]
+            if taken[rows].any():
+                continue
+            taken[rows] = True
+            out.append(int(j))
+            if len(out) >= limit:
+                break
+        return out
 
-    def select(self, max_active: int = 64) -> None:
-        """Forward selection with refit, then backward pruning."""
-        P = self.X.shape[1]
+    def select(self, max_active: int = 256, batch: int = 64) -> None:
+        """Forward selection with refit (disjoint candidates in batches), then backward pruning."""
         pool = np.flatnonzero(~self.forced & (self.col_nnz > 0))
         while len(self.active) < max_active:
             cand = np.setdiff1d(pool, self.active, assume_unique=True)
             if cand.size == 0:
                 break
-            _, gain = self.best_theta(cand)
+            th, gain = self.best_theta(cand)
             score = gain - self.pen[cand]
-            if score.max() <= 0:
+            picks = self._batch(cand, score, min(batch, max_active - len(self.active)))
+            if not picks:
                 break
-            j = self._pick(cand, score)
-            th, _ = self.best_theta(np.array([j]))
-            self._set(j, float(th[0]))
-            self.active.append(j)
+            pos = {int(c): i for i, c in enumerate(cand)}
+            for j in picks:
+                self._set(j, float(th[pos[j]]))
+                self.active.append(j)
             self.refit()
         self.prune()
-        del P
 
     def prune(self) -> None:
         while self.active:
@@ -253,7 +355,7 @@ class SparseGLM:
             return 1.0
         a, b = self.X.indptr[j], self.X.indptr[j + 1]
         rows, x = self.X.indices[a:b], self.X.data[a:b]
-        base = np.maximum(self.eta[rows] - x * th, 1e-300)
+        base = np.maximum(self.eta[rows] - x * th, 1e-100)
         f = self.family.f
         ll = np.sum(self.y[rows] * f(base + x * th)) - th * self.T[j]
         llf = np.sum(self.y[rows] * f(base + x * floor)) - floor * self.T[j]

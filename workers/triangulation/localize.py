@@ -70,7 +70,7 @@ class Settings:
     min_activation: float = 0.3  # delay: smallest share of covered pairs made anomalous
     min_support: int = 2  # positive pairs an element must explain for the most part
     pool_fabric: int = 32  # candidates per kind and ranking taken into the pool
-    pool_edge: int = 48
+    pool_edge: int = 2048  # NIC and host directions that stand out, at most
     rescreen_rounds: int = 3
     coverage: tuple[float, ...] = (1.0, 0.5, 0.2, 0.05, 0.0)  # delay coverage thresholds tau
 
@@ -121,53 +121,44 @@ class _Channel:
         self.model = prep.model
         self.s = settings
         self.kind = kind
+        self.pool = np.zeros(0, dtype=np.int64)
+        self.glm: SparseGLM | None = None
 
     # the three channels differ only in these pieces
     def setup(self) -> bool:
         raise NotImplementedError
 
-    def run(self) -> list[_Found]:
-        if not self.setup():
-            return []
-        m = self.model
-        pool = np.zeros(0, dtype=np.int64)
-        glm = None
-        for _round in range(self.s.rescreen_rounds):
-            w = self.screen_weights(glm)
-            adj = self.prep.adjoint(w)
-            excess, expected = adj[:, 0], adj[:, 1]
-            new = self._top(excess, expected, exclude=pool, residual=glm is not None)
-            if new.size == 0:
-                break
-            pool = np.concatenate((pool, new))
-            glm = self.build(pool, glm)
-            glm.select()
-            if not glm.active:
-                break
-        if glm is None:
-            return []
-        del m
-        return self.report(glm)
+    def grow(self, excess: np.ndarray, expected: np.ndarray) -> bool:
+        """Add what stands out in a screening pass to the pool and search again; False when
+        nothing new did (the channel is then done)."""
+        new = self._top(excess, expected, exclude=self.pool, residual=self.glm is not None)
+        if new.size == 0:
+            return False
+        self.pool = np.concatenate((self.pool, new))
+        self.glm = self.build(self.pool, self.glm)
+        self.glm.select()
+        return bool(self.glm.active)
 
     def _top(self, excess: np.ndarray, expected: np.ndarray, exclude: np.ndarray, residual: bool) -> np.ndarray:
-        m = self.model
+        """Pool candidates: per kind of fabric element the top by excess and by excess /
+        sqrt(expected); NIC and host directions (whose columns cost nothing) every one that
+        stands out, and the top few by excess."""
+        m, s = self.model, self.s
         z = excess / np.sqrt(expected + 1.0)
         ok = m.candidate & (excess > 0)
         if residual:  # later rounds: only what still stands out
             ok &= (z > 3.0) & (excess > 1.0)
         ok[exclude] = False
         picks = []
-        for kinds, k in (((KIND_LINK,), self.s.pool_fabric), ((KIND_SWITCH,), self.s.pool_fabric),
-                         ((KIND_NIC, KIND_HOST), self.s.pool_edge)):
-            sel = np.flatnonzero(ok & np.isin(m.kind, kinds))
-            if sel.size == 0:
-                continue
+        for kind in (KIND_LINK, KIND_SWITCH):
+            sel = np.flatnonzero(ok & (m.kind == kind))
             for score in (excess[sel], z[sel]):
-                top = sel[np.argsort(-score, kind="stable")[:k]]
-                picks.append(top)
-        if not picks:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate(picks))
+                picks.append(sel[np.argsort(-score, kind="stable")[: s.pool_fabric]])
+        sel = np.flatnonzero(ok & (m.kind >= KIND_NIC))
+        picks.append(sel[np.argsort(-excess[sel], kind="stable")[: s.pool_fabric]])
+        strong = sel[(z[sel] > 2.0) & (excess[sel] > 0.5)]
+        picks.append(strong[np.argsort(-z[strong], kind="stable")[: s.pool_edge]])
+        return np.unique(np.concatenate(picks)) if picks else np.zeros(0, dtype=np.int64)
 
 
 class _Loss(_Channel):
@@ -297,10 +288,14 @@ class _Delay(_Channel):
         if glm is None:
             return np.full(p.n, self.rate0)
         eta = np.full(p.n, glm.theta[0])
+        by_block: dict[int, list[int]] = {}
         for j in glm.active:
-            block, q = self.col_of[j]
-            full = p.restrict(_select(block, np.array([q])), np.arange(p.n))
-            eta += full @ glm.theta[[j]]
+            by_block.setdefault(self.col_block[j], []).append(j)
+        everyone = np.arange(p.n)
+        for b, js in by_block.items():
+            block = self.blocks[b]
+            full = p.restrict(_select(block, self.col_pos[js]), everyone)
+            eta += full @ glm.theta[js]
         return -np.expm1(-eta)
 
     def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
@@ -319,7 +314,9 @@ class _Delay(_Channel):
         Ts = [np.array([self.n_normal])]
         elements = [-1]
         taus = [0.0]
-        self.col_of: dict[int, tuple[Columns, int]] = {}  # column -> (its tau block, position)
+        self.blocks: list[Columns] = []  # one per coverage threshold
+        block_of = [-1]
+        pos_in = [-1]
         fabric = m.kind[pool] <= KIND_SWITCH
         # one column per pool element and coverage threshold (edge elements: x is 1)
         for tau in s.coverage:
@@ -328,17 +325,20 @@ class _Delay(_Channel):
                 continue
             cols = _select(base_cols, sel).transformed(
                 lambda x, t=tau: (x >= t * (1 - 1e-9)).astype(np.float64) if t > 0 else (x > 0).astype(np.float64))
-            start = sum(mm.shape[1] for mm in mats)
             mats.append(p.restrict(cols, self.S))
             Ts.append(p.totals(cols, normal_w, normal_c))
             for q, e in enumerate(pool[sel]):
-                self.col_of[start + q] = (cols, q)
+                block_of.append(len(self.blocks))
+                pos_in.append(q)
                 elements.append(int(e))
                 taus.append(tau)
+            self.blocks.append(cols)
         X = sp.hstack(mats, format="csc")
         T = np.concatenate(Ts)
         P = X.shape[1]
         self.col_element = np.array(elements, dtype=np.int64)
+        self.col_block = np.array(block_of, dtype=np.int64)
+        self.col_pos = np.array(pos_in, dtype=np.int64)
         self.col_tau = np.array(taus)
         forced = np.zeros(P, dtype=bool)
         forced[0] = True
@@ -389,13 +389,23 @@ def _select(cols, sel: np.ndarray):
 
 
 def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
-    model = prep.model
+    """The verdict of one prepared window. All channels screen together: one adjoint pass per
+    round over every element, for every channel still growing its pool."""
+    channels = [ch for ch in (_Loss(prep, settings, "loss"), _Delay(prep, settings, "p50"),
+                              _Delay(prep, settings, "p99")) if ch.setup()]
+    live = list(channels)
+    rounds = 0
+    for _ in range(settings.rescreen_rounds):
+        if not live:
+            break
+        rounds += 1
+        adj = prep.adjoint(np.concatenate([ch.screen_weights(ch.glm) for ch in live], axis=1))
+        live = [ch for i, ch in enumerate(live) if ch.grow(adj[:, 2 * i], adj[:, 2 * i + 1])]
     found: list[_Found] = []
-    loss = _Loss(prep, settings, "loss")
-    found += loss.run()
-    for which in ("p50", "p99"):
-        found += _Delay(prep, settings, which).run()
-    return _verdict(model, found, {"pairs": prep.n})
+    for ch in channels:
+        if ch.glm is not None:
+            found += ch.report(ch.glm)
+    return _verdict(prep.model, found, {"pairs": prep.n, "rounds": rounds})
 
 
 def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
@@ -433,15 +443,7 @@ def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
                 evidence.setdefault(host_key, {}).setdefault("nics", []).append(idx.nic_names[k[1]])
                 conf.pop(k)
     # a switch all of whose ports (links, or NICs for access links) are culprits is the switch
-    ports: dict[int, list[tuple[int, int]]] = {}
-    for k, link in enumerate(idx.topology.links):
-        for end in (link.a, link.b):
-            s = idx.switch_index.get(end)
-            if s is None:
-                continue
-            other = link.b if end == link.a else link.a
-            single_nic = other in idx.nic_index and idx.nic_access[idx.nic_index[other]] == k
-            ports.setdefault(s, []).append((KIND_NIC, idx.nic_index[other]) if single_nic else (KIND_LINK, k))
+    ports = model.switch_ports()
     for s, ks in ports.items():
         if len(ks) > 1 and all(k in conf for k in ks):
             conf[(KIND_SWITCH, s)] = max(conf.get((KIND_SWITCH, s), 0.0), min(conf[k] for k in ks))
