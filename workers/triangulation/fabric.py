@@ -373,7 +373,7 @@ class Prepared:
         """Per column: sum over all pairs of x * w (w per pair; w_class its class sums)."""
         k = len(cols.elements)
         wc = self.class_sums(w) if w_class is None else w_class
-        out = np.bincount(cols.ecmp_col, weights=cols.ecmp_x * wc[cols.ecmp_class], minlength=k)
+        out = np.bincount(cols.ecmp_col, weights=cols.ecmp_x * wc[cols.ecmp_class], minlength=k).astype(np.float64)
         out += np.bincount(cols.pair_col, weights=cols.pair_x * w[cols.pair_row], minlength=k)
         return out
 

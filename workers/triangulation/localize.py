@@ -139,6 +139,21 @@ class _Channel:
         self.glm.select()
         return bool(self.glm.active)
 
+    def reselect(self, known: set[int]) -> None:
+        """Search again from scratch with a small penalty for elements that other channels
+        found faulty: a link already known to delay traffic explains tail anomalies better
+        than an unknown switch next to it. Known elements join the pool if missing."""
+        if self.glm is None or not known:
+            return
+        add = np.array(sorted(set(known) - set(self.pool.tolist())), dtype=np.int64)
+        add = add[self.model.candidate[add]] if add.size else add
+        self.pool = np.concatenate((self.pool, add))
+        self.glm = self.build(self.pool, None)
+        mine = np.isin(self.column_elements(), np.array(sorted(known), dtype=np.int64))
+        mine &= ~self.glm.forced
+        self.glm.pen[mine] = 0.5 * math.log(max(self.prep.n, 2)) + math.log(1 + len(known))
+        self.glm.select()
+
     def _top(self, excess: np.ndarray, expected: np.ndarray, exclude: np.ndarray, residual: bool) -> np.ndarray:
         """Pool candidates: per kind of fabric element the top by excess and by excess /
         sqrt(expected); NIC and host directions (whose columns cost nothing) every one that
@@ -171,7 +186,8 @@ class _Loss(_Channel):
         self.bg_cols = np.stack((h, np.ones(p.n)), axis=1)
         self.bg_T = np.array([float(n @ h), float(n.sum())])
         total = float(k.sum())
-        self.bg0 = np.array([0.5 * total / max(self.bg_T[0], 1.0), 0.5 * total / max(self.bg_T[1], 1.0)])
+        self.bg0 = np.minimum(np.array([0.5 * total / max(self.bg_T[0], 1.0), 0.5 * total / max(self.bg_T[1], 1.0)]),
+                              self.s.loss_floor / 3)
         self.pen = math.log(max(int(self.model.candidate.sum()), 2)) + 0.5 * math.log(max(p.n, 2))
         return True
 
@@ -207,7 +223,11 @@ class _Loss(_Channel):
         pen[:2] = 0.0
         rank = np.concatenate(([-1, -1], [_RANK[int(m.kind[e])] for e in pool]))
         group = np.concatenate(([-1, -2], self._groups(pool)))
-        glm = SparseGLM(POISSON, p.lost[self.S], X, np.concatenate((self.bg_T, T)), pen, forced, rank, group)
+        # background is small by definition: a loss rate shared by every pair and above a third
+        # of the reporting floor is a fault of whatever element they share
+        cap = np.full(P, POISSON.cap)
+        cap[:2] = self.s.loss_floor / 3
+        glm = SparseGLM(POISSON, p.lost[self.S], X, np.concatenate((self.bg_T, T)), pen, forced, rank, group, cap)
         glm.start(old.theta[:2] if old is not None else self.bg0)
         if old is not None:  # warm start: the previous active elements keep their rates
             for j in old.active:
@@ -215,6 +235,9 @@ class _Loss(_Channel):
                 glm.active.append(j)
             glm.refit()
         return glm
+
+    def column_elements(self) -> np.ndarray:
+        return np.concatenate(([-1, -1], self.pool_elements))
 
     def _groups(self, elements: np.ndarray) -> np.ndarray:
         m = self.model
@@ -358,6 +381,9 @@ class _Delay(_Channel):
             glm.refit()
         return glm
 
+    def column_elements(self) -> np.ndarray:
+        return self.col_element
+
     def report(self, glm: SparseGLM) -> list[_Found]:
         out = []
         m = self.model
@@ -401,10 +427,17 @@ def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
         rounds += 1
         adj = prep.adjoint(np.concatenate([ch.screen_weights(ch.glm) for ch in live], axis=1))
         live = [ch for i, ch in enumerate(live) if ch.grow(adj[:, 2 * i], adj[:, 2 * i + 1])]
-    found: list[_Found] = []
+    reports = {ch.kind: ch.report(ch.glm) for ch in channels if ch.glm is not None}
+    # reconcile: each channel again, with the elements the others found as known suspects
     for ch in channels:
-        if ch.glm is not None:
-            found += ch.report(ch.glm)
+        if ch.glm is None:
+            continue
+        known = {f.element for k, fs in reports.items() if k != ch.kind for f in fs}
+        mine = {int(e) for e in ch.column_elements()[ch.glm.active]} if ch.glm.active else set()
+        if known - mine:
+            ch.reselect(known)
+            reports[ch.kind] = ch.report(ch.glm)
+    found = [f for fs in reports.values() for f in fs]
     return _verdict(prep.model, found, {"pairs": prep.n, "rounds": rounds})
 
 
