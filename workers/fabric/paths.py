@@ -905,7 +905,7 @@ class Incidence:
                 k = int(self.leg_la[i])
                 src_is_a = idx.nic_index[idx.link_a[k]] == self.src[self.leg_pair[i]]
                 leg_val[i] = link_fwd[k] if src_is_a else link_rev[k]
-        out = np.bincount(self.leg_pair, weights=leg_val * self.leg_w, minlength=n)
+        out = np.bincount(self.leg_pair, weights=leg_val * self.leg_w, minlength=n).astype(np.float64)
         kn = self._known
         if kn.pair.size:
             known_val = np.ones(n)
