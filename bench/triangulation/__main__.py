@@ -1,11 +1,11 @@
-"""python -m bench.triangulation accuracy|speed [options]: see bench/triangulation/README.md."""
+"""python -m bench.triangulation accuracy|speed|plan [options]: see bench/triangulation/README.md."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench.triangulation import accuracy, speed
+from bench.triangulation import accuracy, plan, speed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--presets", default="gpu1024,gpu9216,gpu9216-2tier")
     s.add_argument("--repeat", type=int, default=5)
     s.add_argument("--faults", default="link_loss:1,switch_loss:1,nic_loss:1")
+    p = sub.add_parser("plan", help="probe plan sizes per NIC on the 1,024- and 9,216-GPU fabrics")
+    p.add_argument("--presets", default="gpu1024,gpu9216,gpu9216-2tier")
+    p.add_argument("--cross-leaf", type=int, default=8)
     args = ap.parse_args(argv)
-    return accuracy.main(args) if args.cmd == "accuracy" else speed.main(args)
+    return {"accuracy": accuracy.main, "speed": speed.main, "plan": plan.main}[args.cmd](args)
 
 
 if __name__ == "__main__":
