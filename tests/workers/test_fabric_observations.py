@@ -144,3 +144,10 @@ def test_a_different_topology_name_is_a_warning_not_an_error():
     d["topology"] = "other"
     w = parse_observations(d, hand_index())
     assert w.warnings and "'other' is not the name of the topology given ('hand')" in w.warnings[0]
+
+
+def test_counts_written_as_integral_floats_are_accepted():
+    w = parse_observations(doc(probe(sent=100.0, lost=3.0), probe("b/0", "c/0", owd_us={"p50": 1, "p99": 2, "p90": 1.5})),
+                           hand_index())
+    assert list(w.sent) == [100, 100] and list(w.lost) == [3, 0]
+    assert w.p50[1] == 1.0 and w.p99[1] == 2.0

@@ -121,53 +121,59 @@ def parse_observations(doc: Any, index: PathIndex) -> Window:
 
     n = len(probes)
     nic_index = index.nic_index
-    src = np.full(n, -1, dtype=np.int64)
-    dst = np.full(n, -1, dtype=np.int64)
-    sent = np.zeros(n, dtype=np.int64)
-    lost = np.zeros(n, dtype=np.int64)
-    p50 = np.full(n, np.nan)
-    p99 = np.full(n, np.nan)
+    # Python lists while walking the rows (item assignment is cheaper than into numpy arrays)
+    src = [-1] * n
+    dst = [-1] * n
+    sent = [0] * n
+    lost = [0] * n
+    p50 = [math.nan] * n
+    p99 = [math.nan] * n
     path_rows: list[int] = []
     path_lists: list[list] = []
     nan = math.nan
+    num = (int, float)
     for i, p in enumerate(probes):
         if type(p) is not dict:
             errors.add(f"probes[{i}]: must be an object, got {type(p).__name__}")
-            continue
-        s = nic_index.get(p.get("src"), -1) if isinstance(p.get("src"), str) else -1
-        d = nic_index.get(p.get("dst"), -1) if isinstance(p.get("dst"), str) else -1
-        ns, nl = p.get("sent"), p.get("lost")
-        if s < 0 or d < 0 or s == d or not _is_count(ns) or not _is_count(nl) or nl > ns:
-            _row_errors(p, i, index, errors)
             if errors.full:
                 break
-        src[i], dst[i] = s, d
-        if _is_count(ns) and _is_count(nl):
-            sent[i], lost[i] = int(ns), int(nl)
+            continue
+        ps, pd = p.get("src"), p.get("dst")
+        s = nic_index.get(ps, -1) if type(ps) is str else -1
+        d = nic_index.get(pd, -1) if type(pd) is str else -1
+        ns, nl = p.get("sent"), p.get("lost")
+        if s < 0 or d < 0 or s == d or type(ns) is not int or type(nl) is not int or not 0 <= nl <= ns:
+            before = len(errors)
+            _row_errors(p, i, index, errors)
+            if len(errors) == before:  # counts given as integral floats: accepted
+                src[i], dst[i], sent[i], lost[i] = s, d, int(ns), int(nl)
+            if errors.full:
+                break
+        else:
+            src[i], dst[i], sent[i], lost[i] = s, d, ns, nl
         owd = p.get("owd_us")
         if owd is not None:
             if type(owd) is not dict:
                 errors.add(f"probes[{i}].owd_us: must be an object, got {type(owd).__name__}")
             else:
                 a, b = owd.get("p50", nan), owd.get("p99", nan)
-                for key, v in owd.items():
-                    if not (_is_number(v) and v >= 0):
-                        errors.add(f"probes[{i}].owd_us.{key}: {v!r} is not a non-negative number")
-                if _is_number(a) and _is_number(b) and a > b:
-                    errors.add(f"probes[{i}].owd_us: p50 {a} is above p99 {b}")
-                if _is_number(a):
-                    p50[i] = a
-                if _is_number(b):
-                    p99[i] = b
+                if (len(owd) != 2 or type(a) not in num or type(b) not in num or not 0 <= a <= b
+                        or not (math.isfinite(a) and math.isfinite(b))):
+                    _owd_errors(owd, i, errors)
+                    a, b = (a if _is_number(a) else nan), (b if _is_number(b) else nan)
+                p50[i], p99[i] = a, b
         path = p.get("path")
         if path is not None:
-            if type(path) is not list or not path or not all(isinstance(x, str) for x in path):
+            if type(path) is not list or not path or not all(type(x) is str for x in path):
                 errors.add(f"probes[{i}].path: must be a non-empty list of link ids")
             elif s >= 0:
                 path_rows.append(i)
                 path_lists.append(path)
-        if errors.full:
+        if errors and errors.full:
             break
+    src, dst = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+    sent, lost = np.array(sent, dtype=np.int64), np.array(lost, dtype=np.int64)
+    p50, p99 = np.array(p50, dtype=np.float64), np.array(p99, dtype=np.float64)
     if not errors.full:
         _duplicates(src, dst, index, errors)
     known = _walk_paths(np.array(path_rows, dtype=np.int64), path_lists, src, dst, index, errors)
@@ -175,6 +181,15 @@ def parse_observations(doc: Any, index: PathIndex) -> Window:
         raise ObservationsError(errors)
     return Window(src, dst, sent, lost, p50, p99, *known,
                   window_s=float(window_s) if window_s is not None else None, warnings=tuple(warnings))
+
+
+def _owd_errors(owd: dict, i: int, errors: _Errors) -> None:
+    a, b = owd.get("p50"), owd.get("p99")
+    for key, v in owd.items():
+        if not (_is_number(v) and v >= 0):
+            errors.add(f"probes[{i}].owd_us.{key}: {v!r} is not a non-negative number")
+    if _is_number(a) and _is_number(b) and a > b:
+        errors.add(f"probes[{i}].owd_us: p50 {a} is above p99 {b}")
 
 
 def _row_errors(p: dict, i: int, index: PathIndex, errors: _Errors) -> None:

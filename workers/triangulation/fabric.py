@@ -90,6 +90,7 @@ class FabricModel:
         self._classes: OrderedDict[bytes, Incidence] = OrderedDict()
         self._warm = False
         self._ports: dict[int, list[tuple[int, int]]] | None = None
+        self._sw_links: tuple[np.ndarray, np.ndarray] | None = None
 
     # ---- names ----------------------------------------------------------------------------
 
@@ -125,6 +126,20 @@ class FabricModel:
                     ports.setdefault(s, []).append((KIND_NIC, nic) if single else (KIND_LINK, k))
             self._ports = ports
         return self._ports
+
+    def switch_link_elements(self, s: int) -> np.ndarray:
+        """Both direction elements of every switch-switch link at switch s."""
+        if self._sw_links is None:
+            idx = self.index
+            inner = np.flatnonzero(idx.link_kind == 0)
+            ends = np.concatenate((idx.link_switch_a[inner], idx.link_switch_b[inner]))
+            links = np.concatenate((inner, inner))
+            order = np.argsort(ends, kind="stable")
+            ptr = np.searchsorted(ends[order], np.arange(self.n_switches + 1))
+            self._sw_links = (links[order], ptr)
+        links, ptr = self._sw_links
+        mine = links[ptr[s]:ptr[s + 1]]
+        return np.concatenate((2 * mine, 2 * mine + 1))
 
     def warm(self) -> None:
         """Run the breadth-first search of every NIC's root switch now (cached for all windows)."""

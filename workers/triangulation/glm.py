@@ -29,34 +29,106 @@ one element behind that part of the data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import scipy.sparse as sp
 
 _NEWTON_STEPS = 60
 
 
-@dataclass(frozen=True)
 class Family:
-    name: str
-    cap: float  # largest theta a column may take
+    """Per-row log-likelihood pieces f(eta) of the positive rows (observations folded in), and
+    their first two derivatives in eta; `rows` index the positive rows."""
 
-    def f(self, eta):
-        return np.log(eta) if self.name == "poisson" else np.log(-np.expm1(-eta))
+    cap = 1.0
+    concave = True
 
-    def f1(self, eta):
-        return 1.0 / eta if self.name == "poisson" else 1.0 / np.expm1(eta)
+    def f(self, eta, rows):
+        raise NotImplementedError
 
-    def f2(self, eta):
-        if self.name == "poisson":
-            return -1.0 / (eta * eta)
+    def ybound(self, rows):
+        """y_i with f1(eta) <= y_i / eta for every eta (bounds the 1-D search)."""
+        return np.ones(len(rows))
+
+    def f1(self, eta, rows):
+        raise NotImplementedError
+
+    def f2(self, eta, rows):
+        raise NotImplementedError
+
+
+class Poisson(Family):
+    """y log(eta): the Poisson log-likelihood of y lost probes at rate eta (the -n eta part is
+    linear and lives in the totals T)."""
+
+    def __init__(self, y: np.ndarray):
+        self.y = np.asarray(y, dtype=np.float64)
+
+    def f(self, eta, rows):
+        return self.y[rows] * np.log(eta)
+
+    def ybound(self, rows):
+        return self.y[rows]
+
+    def f1(self, eta, rows):
+        return self.y[rows] / eta
+
+    def f2(self, eta, rows):
+        return -self.y[rows] / (eta * eta)
+
+
+class PoissonBurst(Family):
+    """Poisson with bursts: a pair loses its k probes either as Poisson(n eta) or, with prior
+    probability omega, in one burst tied to no element (k ~ geometric(q), the pair's normal
+    losses then negligible). Per positive row: f = log((1 - omega) (n eta)^k / k! + omega g(k)),
+    up to the constant and the linear -n eta of every pair. One burst explains a pair's losses
+    for about -log(omega g(k)) nats, so no element is found from a few bursty pairs; losses
+    that many pairs share still are. Not concave: maximized on a grid, then refined."""
+
+    concave = False
+
+    def __init__(self, k: np.ndarray, n: np.ndarray, omega: float, q: float):
+        from scipy.special import gammaln
+
+        k = np.asarray(k, dtype=np.float64)
+        self.k = k
+        self.c = np.log1p(-omega) + k * np.log(np.asarray(n, dtype=np.float64)) - gammaln(k + 1)
+        self.b = np.log(omega) + np.log1p(-q) + (k - 1) * np.log(q)
+
+    def _s(self, eta, rows):
+        p = self.c[rows] + self.k[rows] * np.log(eta)
+        return p, np.logaddexp(p, self.b[rows])
+
+    def f(self, eta, rows):
+        return self._s(eta, rows)[1]
+
+    def ybound(self, rows):
+        return self.k[rows]
+
+    def f1(self, eta, rows):
+        p, f = self._s(eta, rows)
+        return np.exp(p - f) * self.k[rows] / eta
+
+    def f2(self, eta, rows):
+        p, f = self._s(eta, rows)
+        s = np.exp(p - f)
+        k = self.k[rows]
+        return s * k / (eta * eta) * (k * (1.0 - s) - 1.0)
+
+
+class NoisyOr(Family):
+    """log(1 - exp(-eta)) per anomalous pair: eta = -log P(the pair is normal)."""
+
+    cap = 30.0
+
+    def f(self, eta, rows):
+        return np.log(-np.expm1(-eta))
+
+    def f1(self, eta, rows):
+        return 1.0 / np.expm1(eta)
+
+    def f2(self, eta, rows):
         h = np.sinh(np.minimum(eta, 700.0) / 2.0)
         return -1.0 / (4.0 * h * h)
-
-
-POISSON = Family("poisson", cap=1.0)
-NOISY_OR = Family("noisyor", cap=30.0)
 
 
 class SparseGLM:
@@ -67,10 +139,9 @@ class SparseGLM:
     cap: per-column upper bound of theta (default the family's).
     """
 
-    def __init__(self, family: Family, y: np.ndarray, X: sp.csc_matrix, T: np.ndarray, pen: np.ndarray,
+    def __init__(self, family: Family, X: sp.csc_matrix, T: np.ndarray, pen: np.ndarray,
                  forced: np.ndarray, rank: np.ndarray, group: np.ndarray, cap: np.ndarray | None = None):
         self.family = family
-        self.y = np.asarray(y, dtype=np.float64)
         self.X = sp.csc_matrix(X)
         self.X.sort_indices()
         self.T = np.asarray(T, dtype=np.float64)
@@ -79,10 +150,10 @@ class SparseGLM:
         self.rank = np.asarray(rank, dtype=np.float64)
         self.group = np.asarray(group, dtype=np.int64)
         P = self.X.shape[1]
-        self.cap = np.full(P, family.cap) if cap is None else np.minimum(np.asarray(cap, dtype=np.float64),
-                                                                         family.cap)
+        self.cap = np.full(P, family.cap) if cap is None else np.asarray(cap, dtype=np.float64)
         self.theta = np.zeros(P)
         self.eta = np.zeros(self.X.shape[0])
+        self.all_rows = np.arange(self.X.shape[0])
         self.active: list[int] = []
         self.col_nnz = np.diff(self.X.indptr)
 
@@ -113,28 +184,38 @@ class SparseGLM:
         rows, x, seg = self._gather(cols)
         base = self.eta[rows] - x * self.theta[cols][seg] if eta is None else eta[rows]
         base = np.maximum(base, 1e-100)
-        yv = self.y[rows]
         T = self.T[cols]
-        Y = np.bincount(seg, weights=yv, minlength=k)
+        # f1 <= y / (x theta) row by row, so the root lies below sum(y) / T
+        Y = np.bincount(seg, weights=fam.ybound(rows), minlength=k)
+        f0 = fam.f(base, rows)
 
-        def g1(th):
-            return np.bincount(seg, weights=yv * x * fam.f1(base + x * th[seg]), minlength=k) - T
+        def gain_at(th):
+            return np.bincount(seg, weights=fam.f(base + x * th[seg], rows) - f0, minlength=k) - th * T
 
         cap = self.cap[cols]
         with np.errstate(divide="ignore", invalid="ignore"):
             hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
+        if not fam.concave:
+            return self._best_on_grid(cols, rows, x, seg, base, T, hi, gain_at)
         theta = np.zeros(k)
-        live = g1(theta) > 0
+        g1_0 = np.bincount(seg, weights=x * fam.f1(base, rows), minlength=k) - T
+        live = g1_0 > 0
         unbound = live & (hi >= cap)  # at the cap? possible only where the bound Y / T did not bind
-        at_cap = unbound & (g1(np.where(unbound, cap, 0.0)) >= 0)
+        g1_cap = np.bincount(seg, weights=x * fam.f1(base + x * np.where(unbound, cap, 0.0)[seg], rows),
+                             minlength=k) - T
+        at_cap = unbound & (g1_cap >= 0)
         theta[at_cap] = cap[at_cap]
         live &= ~at_cap
-        # safeguarded Newton on g1 = dLL/dtheta (decreasing): keep a bracket [lo, hi] around the
-        # root; a step leaving it falls back to the geometric middle (or hi / 100 while lo = 0)
-        todo = np.flatnonzero(live)
-        lo = np.zeros(k)
         start = self.theta[cols] if warm else hi / 2
-        th_all = np.where((start > 0) & (start < hi), start, hi / 2)
+        theta[live] = self._newton(np.flatnonzero(live), rows, x, seg, base, T, np.zeros(k), hi.copy(),
+                                   np.where((start > 0) & (start < hi), start, hi / 2))[live]
+        return theta, np.maximum(gain_at(theta), 0.0)
+
+    def _newton(self, todo, rows, x, seg, base, T, lo, hi, th_all):
+        """Safeguarded Newton on g1 = dLL/dtheta, decreasing within [lo, hi] around its root; a
+        step leaving the bracket falls back to the geometric middle (or hi / 100 while lo = 0)."""
+        fam = self.family
+        k = len(T)
         for it in range(_NEWTON_STEPS):
             if todo.size == 0:
                 break
@@ -142,14 +223,14 @@ class SparseGLM:
                 lut = np.full(k, -1, dtype=np.int64)
                 lut[todo] = np.arange(len(todo))
                 sel = lut[seg] >= 0
-                s_seg, s_x, s_y, s_base = lut[seg[sel]], x[sel], yv[sel], base[sel]
+                s_seg, s_x, s_rows, s_base = lut[seg[sel]], x[sel], rows[sel], base[sel]
                 s_T, s_cols = T[todo], todo
                 s_lo, s_hi, s_th = lo[todo], hi[todo], th_all[todo]
                 alive = np.ones(len(todo), dtype=bool)
                 m = len(todo)
             e = s_base + s_x * s_th[s_seg]
-            d1 = np.bincount(s_seg, weights=s_y * s_x * fam.f1(e), minlength=m) - s_T
-            d2 = np.bincount(s_seg, weights=s_y * s_x * s_x * fam.f2(e), minlength=m)
+            d1 = np.bincount(s_seg, weights=s_x * fam.f1(e, s_rows), minlength=m) - s_T
+            d2 = np.bincount(s_seg, weights=s_x * s_x * fam.f2(e, s_rows), minlength=m)
             s_lo = np.where(d1 > 0, s_th, s_lo)
             s_hi = np.where(d1 <= 0, s_th, s_hi)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -160,14 +241,36 @@ class SparseGLM:
             s_th = np.where(alive, nxt, s_th)
             th_all[s_cols], lo[s_cols], hi[s_cols] = s_th, s_lo, s_hi
             todo = s_cols[alive]
-        theta[live] = th_all[live]
-        gain = np.bincount(seg, weights=yv * (fam.f(base + x * theta[seg]) - fam.f(base)), minlength=k) - theta * T
-        return theta, np.maximum(gain, 0.0)
+        return th_all
+
+    def _best_on_grid(self, cols, rows, x, seg, base, T, hi, gain_at, points: int = 24):
+        """Non-concave families: the best of a log-spaced grid on (0, hi], refined by Newton
+        between its neighbours when dLL/dtheta changes sign there."""
+        k = len(cols)
+        fam = self.family
+        grid = np.geomspace(1e-7, 1.0, points)[None, :] * hi[:, None]  # k x points
+        gains = np.stack([gain_at(grid[:, g]) for g in range(points)], axis=1)
+        b = np.argmax(gains, axis=1)
+        best = gains[np.arange(k), b]
+        theta = np.where(best > 0, grid[np.arange(k), b], 0.0)
+        lo = np.where(b > 0, grid[np.arange(k), np.maximum(b - 1, 0)], 0.0)
+        up = grid[np.arange(k), np.minimum(b + 1, points - 1)]
+        d1 = np.bincount(seg, weights=x * fam.f1(base + x * theta[seg], rows), minlength=k) - T
+        todo = np.flatnonzero((best > 0) & (np.abs(d1) > 0))
+        if todo.size:
+            lo2 = np.where(d1 > 0, theta, lo)
+            hi2 = np.where(d1 > 0, up, theta)
+            refined = self._newton(todo, rows, x, seg, base, T, lo2.copy(), hi2.copy(), (lo2 + hi2) / 2)
+            cand = theta.copy()
+            cand[todo] = refined[todo]
+            better = gain_at(cand) > gain_at(theta)
+            theta = np.where(better, cand, theta)
+        return theta, np.maximum(gain_at(theta), 0.0)
 
     # ---- the model ------------------------------------------------------------------------
 
     def loglik(self) -> float:
-        return float(np.sum(self.y * self.family.f(np.maximum(self.eta, 1e-100))) - self.theta @ self.T)
+        return float(np.sum(self.family.f(np.maximum(self.eta, 1e-100), self.all_rows)) - self.theta @ self.T)
 
     def _set(self, j: int, value: float) -> None:
         a, b = self.X.indptr[j], self.X.indptr[j + 1]
@@ -223,12 +326,12 @@ class SparseGLM:
 
         def ll(t):
             e = rest + Xa @ t
-            return (-np.inf if np.any(e <= 0) else float(self.y @ fam.f(e) - t @ T)), e
+            return (-np.inf if np.any(e <= 0) else float(fam.f(e, self.all_rows).sum() - t @ T)), e
 
         cur, e = ll(th)
         for _ in range(steps):
-            g = Xa.T @ (self.y * fam.f1(np.maximum(e, 1e-100))) - T
-            H = Xa.T @ (Xa * (self.y * fam.f2(np.maximum(e, 1e-100)))[:, None])
+            g = Xa.T @ fam.f1(np.maximum(e, 1e-100), self.all_rows) - T
+            H = Xa.T @ (Xa * fam.f2(np.maximum(e, 1e-100), self.all_rows)[:, None])
             free = ((th > 0) | (g > 0)) & ~((th >= cap) & (g > 0))
             if not free.any():
                 break
@@ -263,12 +366,17 @@ class SparseGLM:
 
     def drop_gain(self, j: int) -> float:
         """LL lost by setting column j to 0, the others fixed."""
-        a, b = self.X.indptr[j], self.X.indptr[j + 1]
-        rows, x = self.X.indices[a:b], self.X.data[a:b]
-        e = self.eta[rows]
-        e0 = np.maximum(e - x * self.theta[j], 1e-100)
+        return float(self.drop_gains(np.array([j]))[0])
+
+    def drop_gains(self, cols: np.ndarray) -> np.ndarray:
+        """drop_gain of several columns at once."""
+        cols = np.asarray(cols, dtype=np.int64)
+        rows, x, seg = self._gather(cols)
+        e = np.maximum(self.eta[rows], 1e-100)
+        e0 = np.maximum(e - x * self.theta[cols][seg], 1e-100)
         f = self.family.f
-        return float(np.sum(self.y[rows] * (f(e) - f(e0))) - self.theta[j] * self.T[j])
+        return (np.bincount(seg, weights=f(e, rows) - f(e0, rows), minlength=len(cols))
+                - self.theta[cols] * self.T[cols])
 
     def _batch(self, cand: np.ndarray, score: np.ndarray, limit: int) -> list[int]:
         """The candidates to add at once: best first (ties to the lower rank), each one only if
@@ -295,9 +403,56 @@ class SparseGLM:
                 break
         return out
 
-    def select(self, max_active: int = 256, batch: int = 64) -> None:
+    def penalized(self) -> float:
+        return self.loglik() - float(self.pen[self.active].sum()) if self.active else self.loglik()
+
+    def exchange(self, cols: list[int]) -> None:
+        """For each active column given: would the model do better without it, searching again
+        among the other candidates? (One aggregate, a switch, against the several smaller
+        elements it may stand for.) Keeps whichever model scores higher."""
+        for j in cols:
+            if j not in self.active:
+                continue
+            before = (self.theta.copy(), self.eta.copy(), list(self.active), self.penalized())
+            self._set(j, 0.0)
+            self.active.remove(j)
+            self.refit()
+            same = np.flatnonzero(self.group == self.group[j])
+            self.select(exclude=set(same.tolist()))
+            if self.penalized() < before[3] - 1e-9:
+                self.theta, self.eta, self.active = before[0], before[1], before[2]
+
+    def try_replace(self, remove: list[int], candidates: list[int]) -> bool:
+        """Replace the active columns `remove` by the best of `candidates` (several links of one
+        switch by the switch), search on, and keep the result if it scores higher."""
+        remove = [j for j in remove if j in self.active]
+        cand = np.array([c for c in candidates if c not in self.active], dtype=np.int64)
+        if not remove or cand.size == 0:
+            return False
+        before = (self.theta.copy(), self.eta.copy(), list(self.active), self.penalized())
+        for j in remove:
+            self._set(j, 0.0)
+            self.active.remove(j)
+        self.refit()
+        th, gain = self.best_theta(cand)
+        b = int(np.argmax(gain - self.pen[cand]))
+        if gain[b] <= 0:
+            self.theta, self.eta, self.active = before[0], before[1], before[2]
+            return False
+        self._set(int(cand[b]), float(th[b]))
+        self.active.append(int(cand[b]))
+        self.refit()
+        self.select()
+        if self.penalized() < before[3] - 1e-9:
+            self.theta, self.eta, self.active = before[0], before[1], before[2]
+            return False
+        return True
+
+    def select(self, max_active: int = 256, batch: int = 64, exclude: set[int] | None = None) -> None:
         """Forward selection with refit (disjoint candidates in batches), then backward pruning."""
         pool = np.flatnonzero(~self.forced & (self.col_nnz > 0))
+        if exclude:
+            pool = pool[~np.isin(pool, np.array(sorted(exclude), dtype=np.int64))]
         while len(self.active) < max_active:
             cand = np.setdiff1d(pool, self.active, assume_unique=True)
             if cand.size == 0:
@@ -315,13 +470,26 @@ class SparseGLM:
         self.prune()
 
     def prune(self) -> None:
+        """Drop active columns that no longer pay their penalty: the weakest first, with any
+        weak ones that share no positive pair with it (their drops are independent)."""
         while self.active:
-            drops = np.array([self.drop_gain(j) - self.pen[j] for j in self.active])
-            w = int(np.argmin(drops))
-            if drops[w] > 0:
+            act = np.array(self.active, dtype=np.int64)
+            drops = self.drop_gains(act) - self.pen[act]
+            weak = np.flatnonzero(drops <= 0)
+            if weak.size == 0:
                 break
-            self._set(self.active[w], 0.0)
-            self.active.pop(w)
+            taken = np.zeros(self.X.shape[0], dtype=bool)
+            ptr, ind = self.X.indptr, self.X.indices
+            gone = []
+            for w in weak[np.argsort(drops[weak], kind="stable")]:
+                rows = ind[ptr[act[w]]:ptr[act[w] + 1]]
+                if taken[rows].any():
+                    continue
+                taken[rows] = True
+                gone.append(int(act[w]))
+            for j in gone:
+                self._set(j, 0.0)
+                self.active.remove(j)
             self.refit()
 
     def remove(self, j: int) -> None:
@@ -357,8 +525,8 @@ class SparseGLM:
         rows, x = self.X.indices[a:b], self.X.data[a:b]
         base = np.maximum(self.eta[rows] - x * th, 1e-100)
         f = self.family.f
-        ll = np.sum(self.y[rows] * f(base + x * th)) - th * self.T[j]
-        llf = np.sum(self.y[rows] * f(base + x * floor)) - floor * self.T[j]
+        ll = np.sum(f(base + x * th, rows)) - th * self.T[j]
+        llf = np.sum(f(base + x * floor, rows)) - floor * self.T[j]
         z = np.sqrt(max(0.0, 2.0 * (ll - llf)))
         from math import erf, sqrt
 

@@ -52,7 +52,7 @@ from workers.triangulation.fabric import (
     FabricModel,
     Prepared,
 )
-from workers.triangulation.glm import NOISY_OR, POISSON, SparseGLM
+from workers.triangulation.glm import NoisyOr, Poisson, PoissonBurst, SparseGLM
 
 VERDICT_FORMAT = "lockstep.verdict/v1"
 # tie-break between elements the probes cannot tell apart: the spec names a host whose every
@@ -64,7 +64,7 @@ _RANK = {KIND_HOST: 0, KIND_NIC: 1, KIND_LINK: 2, KIND_SWITCH: 3}
 class Settings:
     loss_floor: float = 0.003  # smallest loss rate of an element reported as a fault
     bg_multiple: float = 3.0  # ... and at least this many times the background per link
-    delay_z: float = 6.0  # robust z above the healthy percentile for an anomalous pair
+    delay_z: float = 3.5  # robust z above the healthy percentile for an anomalous pair
     delay_rel: float = 0.3  # ... and at least this fraction of the healthy percentile
     min_delivered: int = 5  # delay percentiles of pairs with fewer delivered probes are unused
     min_activation: float = 0.3  # delay: smallest share of covered pairs made anomalous
@@ -73,6 +73,9 @@ class Settings:
     pool_edge: int = 2048  # NIC and host directions that stand out, at most
     rescreen_rounds: int = 3
     coverage: tuple[float, ...] = (1.0, 0.5, 0.2, 0.05, 0.0)  # delay coverage thresholds tau
+    burst_prior: float = 0.005  # prior probability that a pair loses probes in a burst tied to no element
+    burst_q: float = 0.5  # burst sizes: geometric, mean 1 / (1 - q) probes
+    noisy_end_prior: float = 0.05  # prior probability that a NIC or host has a noisy delay tail
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,48 @@ class _Channel:
         new = self._top(excess, expected, exclude=self.pool, residual=self.glm is not None)
         if new.size == 0:
             return False
+        before = self._active_elements()
         self.pool = np.concatenate((self.pool, new))
         self.glm = self.build(self.pool, self.glm)
         self.glm.select()
-        return bool(self.glm.active)
+        self._exchange_switches()
+        # the residual changed only if the model did: otherwise screening again finds the same
+        return self._active_elements() != before
+
+    def _exchange_switches(self) -> None:
+        """Aggregates against their parts, both ways: an active switch may stand for several
+        smaller elements around it, and several active links of one switch (or NICs of one
+        host) may be that switch (host). Each change is kept only if the model scores higher."""
+        m, glm = self.model, self.glm
+        ce = self.column_elements()
+        sw = [j for j in glm.active if ce[j] >= 0 and m.kind[ce[j]] == KIND_SWITCH]
+        if sw:
+            glm.exchange(sw)
+        idx = m.index
+        parents: dict[tuple[int, int], list[int]] = {}
+        for j in glm.active:
+            e = int(ce[j])
+            if e < 0:
+                continue
+            if m.kind[e] == KIND_LINK:
+                k = e // 2
+                for s in (int(idx.link_switch_a[k]), int(idx.link_switch_b[k])):
+                    if s >= 0:
+                        parents.setdefault((KIND_SWITCH, s), []).append(j)
+            elif m.kind[e] == KIND_NIC:
+                parents.setdefault((KIND_HOST, int(m.nic_host[m.target[e]])), []).append(j)
+        for (kind, t), js in parents.items():
+            if len({int(m.target[ce[j]]) for j in js}) < 2:
+                continue
+            want = {2 * m.n_links + t} if kind == KIND_SWITCH else {m.host_tx0 + t, m.host_rx0 + t}
+            cand = [j for j in range(len(ce)) if int(ce[j]) in want and not glm.forced[j]]
+            if cand:
+                glm.try_replace(js, cand)
+
+    def _active_elements(self) -> frozenset[int]:
+        if self.glm is None:
+            return frozenset()
+        return frozenset(int(e) for e in self.column_elements()[self.glm.active])
 
     def reselect(self, known: set[int]) -> None:
         """Search again from scratch with a small penalty for elements that other channels
@@ -151,8 +192,10 @@ class _Channel:
         self.glm = self.build(self.pool, None)
         mine = np.isin(self.column_elements(), np.array(sorted(known), dtype=np.int64))
         mine &= ~self.glm.forced
-        self.glm.pen[mine] = 0.5 * math.log(max(self.prep.n, 2)) + math.log(1 + len(known))
+        self.glm.pen[mine] = np.minimum(self.glm.pen[mine],
+                                        0.5 * math.log(max(self.prep.n, 2)) + math.log(1 + len(known)))
         self.glm.select()
+        self._exchange_switches()
 
     def _top(self, excess: np.ndarray, expected: np.ndarray, exclude: np.ndarray, residual: bool) -> np.ndarray:
         """Pool candidates: per kind of fabric element the top by excess and by excess /
@@ -169,6 +212,14 @@ class _Channel:
             sel = np.flatnonzero(ok & (m.kind == kind))
             for score in (excess[sel], z[sel]):
                 picks.append(sel[np.argsort(-score, kind="stable")[: s.pool_fabric]])
+        # and the strongest links of the switches that stand out: one lossy link is outshone
+        # by the many links of a lossy switch elsewhere, but not at its own switches
+        sw_ok = np.flatnonzero(ok[2 * m.n_links: m.n_fabric]) + 2 * m.n_links
+        top_sw = sw_ok[np.argsort(-z[sw_ok], kind="stable")[: s.pool_fabric // 2]] - 2 * m.n_links
+        for sw in top_sw.tolist():
+            around = m.switch_link_elements(sw)
+            around = around[ok[around]]
+            picks.append(around[np.argsort(-z[around], kind="stable")[:3]])
         sel = np.flatnonzero(ok & (m.kind >= KIND_NIC))
         picks.append(sel[np.argsort(-excess[sel], kind="stable")[: s.pool_fabric]])
         strong = sel[(z[sel] > 2.0) & (excess[sel] > 0.5)]
@@ -225,9 +276,11 @@ class _Loss(_Channel):
         group = np.concatenate(([-1, -2], self._groups(pool)))
         # background is small by definition: a loss rate shared by every pair and above a third
         # of the reporting floor is a fault of whatever element they share
-        cap = np.full(P, POISSON.cap)
+        cap = np.ones(P)
         cap[:2] = self.s.loss_floor / 3
-        glm = SparseGLM(POISSON, p.lost[self.S], X, np.concatenate((self.bg_T, T)), pen, forced, rank, group, cap)
+        k, n = p.lost[self.S], p.sent[self.S]
+        family = PoissonBurst(k, n, self.s.burst_prior, self.s.burst_q) if self.s.burst_prior > 0 else Poisson(k)
+        glm = SparseGLM(family, X, np.concatenate((self.bg_T, T)), pen, forced, rank, group, cap)
         glm.start(old.theta[:2] if old is not None else self.bg0)
         if old is not None:  # warm start: the previous active elements keep their rates
             for j in old.active:
@@ -341,6 +394,7 @@ class _Delay(_Channel):
         block_of = [-1]
         pos_in = [-1]
         fabric = m.kind[pool] <= KIND_SWITCH
+        keys: list[tuple[int, float, bool]] = [(-1, 0.0, False)]
         # one column per pool element and coverage threshold (edge elements: x is 1)
         for tau in s.coverage:
             sel = np.flatnonzero(fabric) if tau < 1.0 else np.arange(len(pool))
@@ -355,6 +409,21 @@ class _Delay(_Channel):
                 pos_in.append(q)
                 elements.append(int(e))
                 taus.append(tau)
+                keys.append((int(e), tau, False))
+            self.blocks.append(cols)
+        # and one column per NIC or host for both directions at once: an end host's delay
+        # (or noise) shows on what it sends and what it receives
+        both = self._both_directions(pool)
+        if both is not None:
+            cols, reps = both
+            mats.append(p.restrict(cols, self.S))
+            Ts.append(p.totals(cols, normal_w, normal_c))
+            for q, e in enumerate(reps):
+                block_of.append(len(self.blocks))
+                pos_in.append(q)
+                elements.append(int(e))
+                taus.append(1.0)
+                keys.append((int(e), 1.0, True))
             self.blocks.append(cols)
         X = sp.hstack(mats, format="csc")
         T = np.concatenate(Ts)
@@ -367,19 +436,48 @@ class _Delay(_Channel):
         forced[0] = True
         pen = np.full(P, self.pen)
         pen[0] = 0.0
+        if self.which == "p99":
+            # noisy end hosts are common (the spec's noisy host): a far smaller prior price
+            end = np.r_[False, m.kind[self.col_element[1:]] >= KIND_NIC]
+            pi = s.noisy_end_prior
+            pen[end] = math.log((1 - pi) / pi) + 0.5 * math.log(max(int(self.usable.sum()), 2))
         rank = np.array([-1] + [_RANK[int(m.kind[e])] for e in elements[1:]], dtype=np.float64)
-        # between two thresholds that fit equally, prefer the higher one (the smaller claim)
-        rank[1:] += 0.01 * (1.0 - self.col_tau[1:])
+        # between two thresholds that fit equally, prefer the higher one (the smaller claim);
+        # between one direction and both that fit equally, one direction
+        rank[1:] += 0.01 * (1.0 - self.col_tau[1:]) + 0.001 * np.array([k[2] for k in keys[1:]])
         group = np.concatenate(([-1], m.kind[self.col_element[1:]].astype(np.int64) * (1 << 40)
                                 + m.target[self.col_element[1:]]))
-        glm = SparseGLM(NOISY_OR, np.ones(self.S.size), X, T, pen, forced, rank, group)
+        glm = SparseGLM(NoisyOr(), X, T, pen, forced, rank, group, np.full(P, NoisyOr.cap))
         glm.start(np.array([-math.log1p(-self.rate0)]))
-        if old is not None:
+        if old is not None:  # warm start: the previous active columns, found by their keys
+            where = {k: i for i, k in enumerate(keys)}
             for j in old.active:
-                glm._set(j, float(old.theta[j]))
-                glm.active.append(j)
+                i = where.get(self.col_keys[j])
+                if i is not None:
+                    glm._set(i, float(old.theta[j]))
+                    glm.active.append(i)
             glm.refit()
+        self.col_keys = keys
         return glm
+
+    def _both_directions(self, pool: np.ndarray):
+        """Columns tx + rx of every NIC and host in the pool (either direction), binary."""
+        m = self.model
+        reps: dict[tuple[int, int], int] = {}
+        for e in pool.tolist():
+            k = int(m.kind[e])
+            if k >= KIND_NIC:
+                tx0 = m.nic_tx0 if k == KIND_NIC else m.host_tx0
+                reps.setdefault((k, int(m.target[e])), tx0 + int(m.target[e]))
+        if not reps:
+            return None
+        tx = np.array(list(reps.values()), dtype=np.int64)
+        rx = np.array([e + (m.n_nics if m.kind[e] == KIND_NIC else m.n_hosts) for e in tx], dtype=np.int64)
+        both = self.prep.columns(np.concatenate((tx, rx)))
+        n = len(tx)
+        cols = Columns(tx, both.ecmp_class, both.ecmp_col % n, both.ecmp_x, both.pair_row, both.pair_col % n,
+                       both.pair_x)
+        return cols.transformed(lambda x: (x > 0).astype(np.float64)), tx
 
     def column_elements(self) -> np.ndarray:
         return self.col_element
@@ -421,12 +519,22 @@ def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
                               _Delay(prep, settings, "p99")) if ch.setup()]
     live = list(channels)
     rounds = 0
-    for _ in range(settings.rescreen_rounds):
+    expected: dict[str, np.ndarray] = {}
+    for r in range(settings.rescreen_rounds):
         if not live:
             break
         rounds += 1
-        adj = prep.adjoint(np.concatenate([ch.screen_weights(ch.glm) for ch in live], axis=1))
-        live = [ch for i, ch in enumerate(live) if ch.grow(adj[:, 2 * i], adj[:, 2 * i + 1])]
+        # the first pass also gives each element's expected count under the null model; later
+        # passes reuse it (it only scales the z ranking of what is left to explain)
+        width = 2 if r == 0 else 1
+        adj = prep.adjoint(np.concatenate([ch.screen_weights(ch.glm)[:, :width] for ch in live], axis=1))
+        grown = []
+        for i, ch in enumerate(live):
+            if r == 0:
+                expected[ch.kind] = adj[:, 2 * i + 1]
+            if ch.grow(adj[:, width * i], expected[ch.kind]):
+                grown.append(ch)
+        live = grown
     reports = {ch.kind: ch.report(ch.glm) for ch in channels if ch.glm is not None}
     # reconcile: each channel again, with the elements the others found as known suspects
     for ch in channels:
