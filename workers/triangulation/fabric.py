@@ -100,8 +100,12 @@ class FabricModel:
         idx = self.index
         return KIND_NAMES[k], (idx.link_ids, idx.switch_names, idx.nic_names, idx.host_names)[k][t]
 
-    def label(self, e: int) -> str:
+    def label(self, e: int, both: bool = False) -> str:
         kind, name = self.name(e)
+        if both and e < 2 * self.n_links:
+            return f"link {name} (both directions)"
+        if both and e >= self.nic_tx0:
+            return f"{kind} {name} tx+rx"
         if e < 2 * self.n_links:
             k = e // 2
             a, b = self.index.link_a[k], self.index.link_b[k]

@@ -76,6 +76,7 @@ class Settings:
     burst_prior: float = 0.005  # prior probability that a pair loses probes in a burst tied to no element
     burst_q: float = 0.5  # burst sizes: geometric, mean 1 / (1 - q) probes
     noisy_end_prior: float = 0.05  # prior probability that a NIC or host has a noisy delay tail
+    min_confidence: float = 0.45  # culprits below are left out of the verdict
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class _Found:
     support: int
     channel: str
     tau: float = 1.0
+    both: bool = False  # the element in both directions at once
 
 
 class _Channel:
@@ -165,12 +167,17 @@ class _Channel:
                 for s in (int(idx.link_switch_a[k]), int(idx.link_switch_b[k])):
                     if s >= 0:
                         parents.setdefault((KIND_SWITCH, s), []).append(j)
+                for end in (idx.link_a[k], idx.link_b[k]):  # the access links of a multi-homed NIC
+                    nic = idx.nic_index.get(end)
+                    if nic is not None:
+                        parents.setdefault((KIND_NIC, nic), []).append(j)
             elif m.kind[e] == KIND_NIC:
                 parents.setdefault((KIND_HOST, int(m.nic_host[m.target[e]])), []).append(j)
         for (kind, t), js in parents.items():
             if len({int(m.target[ce[j]]) for j in js}) < 2:
                 continue
-            want = {2 * m.n_links + t} if kind == KIND_SWITCH else {m.host_tx0 + t, m.host_rx0 + t}
+            want = {KIND_SWITCH: {2 * m.n_links + t}, KIND_HOST: {m.host_tx0 + t, m.host_rx0 + t},
+                    KIND_NIC: {m.nic_tx0 + t, m.nic_rx0 + t}}[kind]
             cand = [j for j in range(len(ce)) if int(ce[j]) in want and not glm.forced[j]]
             if cand:
                 glm.try_replace(js, cand)
@@ -248,11 +255,10 @@ class _Loss(_Channel):
             return self.bg_cols @ self.bg0
         th = glm.theta
         mu = self.bg_cols @ th[:2]
-        act = [j for j in glm.active]
-        if act:
-            cols = p.columns(self.pool_elements[np.array(act) - 2])
-            full = p.restrict(cols, np.arange(p.n))
-            mu = mu + full @ th[np.array(act)]
+        act = np.array(glm.active, dtype=np.int64)
+        if act.size:
+            full = p.restrict(_select(self.cols, act - 2), np.arange(p.n))
+            mu = mu + full @ th[act]
         return mu
 
     def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
@@ -263,7 +269,8 @@ class _Loss(_Channel):
     def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
         p, m = self.prep, self.model
         self.pool_elements = pool
-        cols = p.columns(pool)
+        specs = _specs(m, pool)
+        self.cols = cols = _spec_columns(p, specs)
         T = p.totals(cols, p.sent)
         Xp = p.restrict(cols, self.S)
         X = sp.hstack((sp.csc_matrix(self.bg_cols[self.S]), Xp), format="csc")
@@ -272,8 +279,11 @@ class _Loss(_Channel):
         forced[:2] = True
         pen = np.full(P, self.pen)
         pen[:2] = 0.0
-        rank = np.concatenate(([-1, -1], [_RANK[int(m.kind[e])] for e in pool]))
-        group = np.concatenate(([-1, -2], self._groups(pool)))
+        first = cols.elements
+        # ties: the smaller element; between one direction and both that fit equally, one
+        rank = np.concatenate(([-1, -1], [_RANK[int(m.kind[e])] + 0.001 * (len(sp_) - 1)
+                                          for e, sp_ in zip(first, specs, strict=True)]))
+        group = np.concatenate(([-1, -2], self._groups(first)))
         # background is small by definition: a loss rate shared by every pair and above a third
         # of the reporting floor is a fault of whatever element they share
         cap = np.ones(P)
@@ -282,15 +292,20 @@ class _Loss(_Channel):
         family = PoissonBurst(k, n, self.s.burst_prior, self.s.burst_q) if self.s.burst_prior > 0 else Poisson(k)
         glm = SparseGLM(family, X, np.concatenate((self.bg_T, T)), pen, forced, rank, group, cap)
         glm.start(old.theta[:2] if old is not None else self.bg0)
-        if old is not None:  # warm start: the previous active elements keep their rates
+        keys = [("bg", 0), ("bg", 1)] + [sp_ for sp_ in specs]
+        if old is not None:  # warm start: the previous active columns, found by their specs
+            where = {key: i for i, key in enumerate(keys)}
             for j in old.active:
-                glm._set(j, float(old.theta[j]))
-                glm.active.append(j)
+                i = where.get(self.col_keys[j])
+                if i is not None:
+                    glm._set(i, float(old.theta[j]))
+                    glm.active.append(i)
             glm.refit()
+        self.col_keys = keys
         return glm
 
     def column_elements(self) -> np.ndarray:
-        return np.concatenate(([-1, -1], self.pool_elements))
+        return np.concatenate(([-1, -1], self.cols.elements))
 
     def _groups(self, elements: np.ndarray) -> np.ndarray:
         m = self.model
@@ -309,7 +324,8 @@ class _Loss(_Channel):
             if rate < floor or support < self.s.min_support:
                 continue
             conf = glm.posterior(j) * glm.floor_probability(j, floor)
-            out.append(_Found(int(self.pool_elements[j - 2]), conf, rate, support, "loss"))
+            out.append(_Found(int(self.cols.elements[j - 2]), conf, rate, support, "loss",
+                              both=len(self.col_keys[j]) == 2))
         return out
 
 
@@ -383,7 +399,6 @@ class _Delay(_Channel):
     def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
         p, m, s = self.prep, self.model, self.s
         self.pool_elements = pool
-        base_cols = p.columns(pool)
         normal_w = (self.usable & ~self.anomalous).astype(np.float64)
         normal_c = p.class_sums(normal_w)
         mats = [sp.csc_matrix(np.ones((self.S.size, 1)))]
@@ -393,37 +408,27 @@ class _Delay(_Channel):
         self.blocks: list[Columns] = []  # one per coverage threshold
         block_of = [-1]
         pos_in = [-1]
-        fabric = m.kind[pool] <= KIND_SWITCH
-        keys: list[tuple[int, float, bool]] = [(-1, 0.0, False)]
-        # one column per pool element and coverage threshold (edge elements: x is 1)
-        for tau in s.coverage:
-            sel = np.flatnonzero(fabric) if tau < 1.0 else np.arange(len(pool))
-            if sel.size == 0:
+        keys: list[tuple] = [("bg",)]
+        specs = _specs(m, pool)
+        fabric_specs = [sp_ for sp_ in specs if m.kind[sp_[0]] <= KIND_SWITCH]
+        # one column per pool element (one direction, or both) and coverage threshold; NIC and
+        # host elements cover their pairs fully, so only tau = 1
+        # a median moves only when more than half of a pair's probes are delayed: the median
+        # channel never claims coverage below one half
+        grid = [t for t in s.coverage if t >= 0.5] if self.which == "p50" else list(s.coverage)
+        for tau in grid:
+            chosen = fabric_specs if tau < 1.0 else specs
+            if not chosen:
                 continue
-            cols = _select(base_cols, sel).transformed(
-                lambda x, t=tau: (x >= t * (1 - 1e-9)).astype(np.float64) if t > 0 else (x > 0).astype(np.float64))
+            cols = _spec_columns(p, chosen, binary_tau=tau)
             mats.append(p.restrict(cols, self.S))
             Ts.append(p.totals(cols, normal_w, normal_c))
-            for q, e in enumerate(pool[sel]):
+            for q, sp_ in enumerate(chosen):
                 block_of.append(len(self.blocks))
                 pos_in.append(q)
-                elements.append(int(e))
+                elements.append(int(sp_[0]))
                 taus.append(tau)
-                keys.append((int(e), tau, False))
-            self.blocks.append(cols)
-        # and one column per NIC or host for both directions at once: an end host's delay
-        # (or noise) shows on what it sends and what it receives
-        both = self._both_directions(pool)
-        if both is not None:
-            cols, reps = both
-            mats.append(p.restrict(cols, self.S))
-            Ts.append(p.totals(cols, normal_w, normal_c))
-            for q, e in enumerate(reps):
-                block_of.append(len(self.blocks))
-                pos_in.append(q)
-                elements.append(int(e))
-                taus.append(1.0)
-                keys.append((int(e), 1.0, True))
+                keys.append((sp_, tau))
             self.blocks.append(cols)
         X = sp.hstack(mats, format="csc")
         T = np.concatenate(Ts)
@@ -444,7 +449,7 @@ class _Delay(_Channel):
         rank = np.array([-1] + [_RANK[int(m.kind[e])] for e in elements[1:]], dtype=np.float64)
         # between two thresholds that fit equally, prefer the higher one (the smaller claim);
         # between one direction and both that fit equally, one direction
-        rank[1:] += 0.01 * (1.0 - self.col_tau[1:]) + 0.001 * np.array([k[2] for k in keys[1:]])
+        rank[1:] += 0.01 * (1.0 - self.col_tau[1:]) + 0.001 * np.array([len(k[0]) - 1 for k in keys[1:]])
         group = np.concatenate(([-1], m.kind[self.col_element[1:]].astype(np.int64) * (1 << 40)
                                 + m.target[self.col_element[1:]]))
         glm = SparseGLM(NoisyOr(), X, T, pen, forced, rank, group, np.full(P, NoisyOr.cap))
@@ -459,25 +464,6 @@ class _Delay(_Channel):
             glm.refit()
         self.col_keys = keys
         return glm
-
-    def _both_directions(self, pool: np.ndarray):
-        """Columns tx + rx of every NIC and host in the pool (either direction), binary."""
-        m = self.model
-        reps: dict[tuple[int, int], int] = {}
-        for e in pool.tolist():
-            k = int(m.kind[e])
-            if k >= KIND_NIC:
-                tx0 = m.nic_tx0 if k == KIND_NIC else m.host_tx0
-                reps.setdefault((k, int(m.target[e])), tx0 + int(m.target[e]))
-        if not reps:
-            return None
-        tx = np.array(list(reps.values()), dtype=np.int64)
-        rx = np.array([e + (m.n_nics if m.kind[e] == KIND_NIC else m.n_hosts) for e in tx], dtype=np.int64)
-        both = self.prep.columns(np.concatenate((tx, rx)))
-        n = len(tx)
-        cols = Columns(tx, both.ecmp_class, both.ecmp_col % n, both.ecmp_x, both.pair_row, both.pair_col % n,
-                       both.pair_x)
-        return cols.transformed(lambda x: (x > 0).astype(np.float64)), tx
 
     def column_elements(self) -> np.ndarray:
         return self.col_element
@@ -495,7 +481,8 @@ class _Delay(_Channel):
                 continue  # a noisy tail at an end host is not a fault
             floor = -math.log1p(-self.s.min_activation)
             conf = glm.posterior(j) * glm.floor_probability(j, floor)
-            out.append(_Found(e, conf, act, support, self.which, float(self.col_tau[j])))
+            out.append(_Found(e, conf, act, support, self.which, float(self.col_tau[j]),
+                              both=len(self.col_keys[j][0]) == 2))
         return out
 
 
@@ -507,6 +494,71 @@ def _select(cols, sel: np.ndarray):
     mp = lut[cols.pair_col] >= 0
     return Columns(cols.elements[sel], cols.ecmp_class[me], lut[cols.ecmp_col[me]], cols.ecmp_x[me],
                    cols.pair_row[mp], lut[cols.pair_col[mp]], cols.pair_x[mp])
+
+
+def _partner(m: FabricModel, e: int) -> int:
+    """The other direction of a directed element (-1 for a switch)."""
+    if e < 2 * m.n_links:
+        return e ^ 1
+    if e < m.n_fabric:
+        return -1
+    if e < m.nic_rx0:
+        return e + m.n_nics
+    if e < m.host_tx0:
+        return e - m.n_nics
+    if e < m.host_rx0:
+        return e + m.n_hosts
+    return e - m.n_hosts
+
+
+def _specs(m: FabricModel, pool: np.ndarray) -> list[tuple[int, ...]]:
+    """Candidate columns of a pool: each element direction alone, and each element in both
+    directions at once (a cable or a NIC that drops both ways pays one penalty, not two)."""
+    out = [(int(e),) for e in pool]
+    seen: set[tuple[int, int]] = set()
+    for e in pool.tolist():
+        q = _partner(m, e)
+        if q >= 0 and m.candidate[q]:
+            key = (min(e, q), max(e, q))
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+    return out
+
+
+def _spec_columns(prep: Prepared, specs: list[tuple[int, ...]], binary_tau: float | None = None) -> Columns:
+    """Columns of specs (tuples of elements, summed); with binary_tau, coverage x >= tau of each
+    element, 1 where any element of the spec covers the pair."""
+    elems = np.array(sorted({e for sp_ in specs for e in sp_}), dtype=np.int64)
+    base = prep.columns(elems)
+    if binary_tau is not None:
+        t = binary_tau
+        base = base.transformed(lambda x: (x >= t * (1 - 1e-9)).astype(np.float64) if t > 0
+                                else (x > 0).astype(np.float64))
+    pos = {int(e): i for i, e in enumerate(elems)}
+    mem_e = np.array([pos[e] for sp_ in specs for e in sp_], dtype=np.int64)
+    mem_s = np.array([i for i, sp_ in enumerate(specs) for _ in sp_], dtype=np.int64)
+    order = np.argsort(mem_e, kind="stable")
+    mem_e, mem_s = mem_e[order], mem_s[order]
+    cnt = np.bincount(mem_e, minlength=len(elems))
+    ptr = np.concatenate(([0], np.cumsum(cnt)))
+    k = len(specs)
+
+    def spread(unit, col, x):
+        c = cnt[col]
+        idx = np.repeat(ptr[col], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))
+        u, s_, v = np.repeat(unit, c), mem_s[idx], np.repeat(x, c)
+        if binary_tau is None or u.size == 0:
+            return u, s_, v
+        key, inv = np.unique(u * k + s_, return_inverse=True)
+        vv = np.zeros(len(key))
+        np.maximum.at(vv, inv, v)
+        return key // k, key % k, vv
+
+    ec, es, ex = spread(base.ecmp_class, base.ecmp_col, base.ecmp_x)
+    pr, ps, px = spread(base.pair_row, base.pair_col, base.pair_x)
+    first = np.array([sp_[0] for sp_ in specs], dtype=np.int64)
+    return Columns(first, ec, es, ex, pr, ps, px)
 
 
 # ---- the verdict --------------------------------------------------------------------------
@@ -546,10 +598,10 @@ def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
             ch.reselect(known)
             reports[ch.kind] = ch.report(ch.glm)
     found = [f for fs in reports.values() for f in fs]
-    return _verdict(prep.model, found, {"pairs": prep.n, "rounds": rounds})
+    return _verdict(prep.model, found, {"pairs": prep.n, "rounds": rounds}, settings.min_confidence)
 
 
-def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
+def _verdict(model: FabricModel, found: list[_Found], stats: dict, min_confidence: float = 0.0) -> Verdict:
     idx = model.index
     by_key: dict[tuple[int, int], list[_Found]] = {}
     for f in found:
@@ -561,7 +613,7 @@ def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
         conf[key] = 1.0 - math.prod(1.0 - min(max(f.confidence, 0.0), 1.0) for f in fs)
         ev: dict = {}
         for f in fs:
-            label = model.label(f.element)
+            label = model.label(f.element, both=f.both)
             if f.channel == "loss":
                 ev.setdefault("loss", {})[label] = round(f.value, 6)
             else:
@@ -593,8 +645,10 @@ def _verdict(model: FabricModel, found: list[_Found], stats: dict) -> Verdict:
 
     names = (idx.link_ids, idx.switch_names, idx.nic_names, idx.host_names)
     kinds = ("link", "switch", "nic", "host")
+    # a culprit more likely wrong than right costs more than it brings (for F1, a culprit of
+    # confidence p is worth naming when p > F1 / 2)
     culprits = [Culprit(kinds[k], names[k][t], float(c), evidence.get((k, t), {}))
-                for (k, t), c in conf.items()]
+                for (k, t), c in conf.items() if c >= min_confidence]
     culprits.sort(key=lambda c: (-c.confidence, c.kind, c.name))
     network_ok = not any(c.kind in ("link", "switch", "nic") for c in culprits)
     return Verdict(network_ok, tuple(culprits), stats)
