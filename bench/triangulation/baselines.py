@@ -11,9 +11,9 @@ Both see the same window as the triangulation and the same notion of a *bad* pai
 
 **007** (Arzani et al., NSDI 2018, "007: Democratically Finding the Cause of Packet Drops"):
 every flow with a problem votes; a flow of h links gives 1/h of a vote to each link of its path
-(the path comes from a traceroute in 007; here from the observation's `path`, or, without one,
-spread over the pair's ECMP paths in proportion to the share of paths through each link, the
-vote 007 would cast on average). Votes are tallied per window and links ranked; a link is
+(the path comes from a traceroute in 007; here from the observation's `path`: the bad pairs with
+a known path vote; only when none has one, every bad pair votes over its ECMP paths in
+proportion to the share of paths through each link, the vote 007 would cast on average). Votes are tallied per window and links ranked; a link is
 blamed when its tally is a clear outlier: above the mean plus 3 standard deviations of the
 non-zero tallies, at least half the top tally (the paper blames the top-voted links) and at
 least one full vote (more than one voter). 007
@@ -74,7 +74,10 @@ def vote_007(model: FabricModel, window: Window) -> Verdict:
     m = model
     links = np.flatnonzero((m.kind == KIND_LINK) & m.candidate)
     access = m.access_of_nic  # a NIC's single access link, voted as the NIC (both directions)
-    w = np.where(bad, 1.0 / np.maximum(prep.hops_bg, 1.0), 0.0)
+    # 007 votes with the traced path of each bad flow: the pairs with a known path; only when no
+    # bad pair has one, every bad pair votes over its ECMP paths
+    voters = bad & prep.known if (bad & prep.known).any() else bad
+    w = np.where(voters, 1.0 / np.maximum(prep.hops_bg, 1.0), 0.0)
     adj = prep.adjoint(w[:, None])[:, 0]
     votes: dict[tuple[int, int], float] = {}
     for e in links:

@@ -33,6 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 
 _NEWTON_STEPS = 60
+_JOINT_MAX = 24  # active columns up to which a refit is one joint Newton
+_EXCHANGE_PARTS = 8  # smaller elements an exchange may put in place of one aggregate
 
 
 class Family:
@@ -93,6 +95,7 @@ class PoissonBurst(Family):
         self.k = k
         self.c = np.log1p(-omega) + k * np.log(np.asarray(n, dtype=np.float64)) - gammaln(k + 1)
         self.b = np.log(omega) + np.log1p(-q) + (k - 1) * np.log(q)
+        self.proxy = Poisson(k)  # concave, and close to it: ranks candidates cheaply
 
     def _s(self, eta, rows):
         p = self.c[rows] + self.k[rows] * np.log(eta)
@@ -195,8 +198,16 @@ class SparseGLM:
         cap = self.cap[cols]
         with np.errstate(divide="ignore", invalid="ignore"):
             hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
-        if not fam.concave:
+        if not fam.concave and not warm:
             return self._best_on_grid(cols, rows, x, seg, base, T, hi, gain_at)
+        if not fam.concave:  # a refit: climb from where the column is, never downhill
+            now = np.minimum(self.theta[cols], hi)
+            g_now = gain_at(now)
+            cand = self._newton(np.arange(k), rows, x, seg, base, T, np.zeros(k), hi.copy(),
+                                np.where(now > 0, now, hi / 2))
+            better = gain_at(cand) > g_now
+            theta = np.where(better, cand, now)
+            return theta, np.maximum(gain_at(theta), 0.0)
         theta = np.zeros(k)
         g1_0 = np.bincount(seg, weights=x * fam.f1(base, rows), minlength=k) - T
         live = g1_0 > 0
@@ -243,7 +254,7 @@ class SparseGLM:
             todo = s_cols[alive]
         return th_all
 
-    def _best_on_grid(self, cols, rows, x, seg, base, T, hi, gain_at, points: int = 24):
+    def _best_on_grid(self, cols, rows, x, seg, base, T, hi, gain_at, points: int = 12):
         """Non-concave families: the best of a log-spaced grid on (0, hi], refined by Newton
         between its neighbours when dLL/dtheta changes sign there."""
         k = len(cols)
@@ -296,17 +307,20 @@ class SparseGLM:
                 masks.append(m)
         return [np.array(g, dtype=np.int64) for g in groups]
 
-    def refit(self, sweeps: int = 200, tol: float = 1e-4) -> None:
-        """Maximize LL over the forced and active columns: block coordinate ascent, LL never
-        decreasing. The forced (background) columns overlap everything and each other: one
-        joint Newton block; the active columns in groups without common positive pairs, each
-        group maximized exactly."""
+    def refit(self, sweeps: int = 50, tol: float = 1e-4) -> None:
+        """Maximize LL over the forced and active columns, LL never decreasing. A few columns:
+        projected Newton on all of them at once. Many (mostly disjoint, like noisy hosts):
+        block coordinate ascent, the forced (background) columns one joint block, the active
+        ones in groups without common positive pairs, each group maximized exactly."""
         forced = np.flatnonzero(self.forced)
+        if len(forced) + len(self.active) <= _JOINT_MAX:
+            self._joint(np.concatenate((forced, np.array(self.active, dtype=np.int64))), tol=tol)
+            return
         groups = self._colors(self.active)
         cur = self.loglik()
         for _ in range(sweeps):
             if forced.size:
-                self._joint(forced)
+                self._joint(forced, tol=tol)
             for g in groups:
                 th, _ = self.best_theta(g, warm=True)
                 for j, v in zip(g.tolist(), th.tolist(), strict=True):
@@ -316,28 +330,39 @@ class SparseGLM:
                 break
             cur = new
 
-    def _joint(self, cols: np.ndarray, steps: int = 30) -> None:
-        """Projected Newton over a few columns at once, with a backtracking line search."""
+    def _joint(self, cols: np.ndarray, steps: int = 40, tol: float = 1e-4) -> None:
+        """Projected Newton over a few columns at once (damped where the Hessian is not
+        negative definite), with a backtracking line search; only the rows they touch."""
+        cols = np.asarray(cols, dtype=np.int64)
+        if cols.size == 0:
+            return
         fam = self.family
-        Xa = self.X[:, cols].toarray()
+        sub = self.X[:, cols]
+        rows = np.unique(sub.indices)
+        Xa = sub[rows].toarray() if rows.size * len(cols) <= 4_000_000 else sub[rows]
         th = self.theta[cols].copy()
-        rest = self.eta - Xa @ th
+        rest = self.eta[rows] - Xa @ th
         T, cap = self.T[cols], self.cap[cols]
 
         def ll(t):
             e = rest + Xa @ t
-            return (-np.inf if np.any(e <= 0) else float(fam.f(e, self.all_rows).sum() - t @ T)), e
+            return (-np.inf if np.any(e <= 0) else float(fam.f(e, rows).sum() - t @ T)), e
 
         cur, e = ll(th)
         for _ in range(steps):
-            g = Xa.T @ fam.f1(np.maximum(e, 1e-100), self.all_rows) - T
-            H = Xa.T @ (Xa * fam.f2(np.maximum(e, 1e-100), self.all_rows)[:, None])
+            ee = np.maximum(e, 1e-100)
+            g = Xa.T @ fam.f1(ee, rows) - T
+            w2 = fam.f2(ee, rows)
+            H = Xa.T @ (Xa * w2[:, None]) if isinstance(Xa, np.ndarray) else (Xa.T @ sp.diags(w2) @ Xa).toarray()
             free = ((th > 0) | (g > 0)) & ~((th >= cap) & (g > 0))
             if not free.any():
                 break
             Hf = H[np.ix_(free, free)]
+            scale = max(float(np.abs(np.diag(Hf)).max()), 1e-300)
+            top = float(np.linalg.eigvalsh(Hf).max()) if len(Hf) > 1 else float(Hf[0, 0])
+            damp = max(0.0, top) + 1e-9 * scale  # make the model concave where it is not
             try:
-                d = np.linalg.solve(Hf - 1e-12 * np.abs(np.diag(Hf)).max() * np.eye(len(Hf)), -g[free])
+                d = np.linalg.solve(Hf - damp * np.eye(len(Hf)), -g[free])
             except np.linalg.LinAlgError:
                 break
             step = np.zeros_like(th)
@@ -352,7 +377,7 @@ class SparseGLM:
                 t *= 0.5
             if not ok:
                 break
-            done = val - cur <= 1e-6
+            done = val - cur <= tol
             th, cur, e = cand, val, e2
             if done:
                 break
@@ -418,7 +443,8 @@ class SparseGLM:
             self.active.remove(j)
             self.refit()
             same = np.flatnonzero(self.group == self.group[j])
-            self.select(exclude=set(same.tolist()))
+            # an aggregate stands for a handful of parts at most: beyond, its penalty wins anyway
+            self.select(max_active=len(before[2]) + _EXCHANGE_PARTS, exclude=set(same.tolist()))
             if self.penalized() < before[3] - 1e-9:
                 self.theta, self.eta, self.active = before[0], before[1], before[2]
 
@@ -442,11 +468,30 @@ class SparseGLM:
         self._set(int(cand[b]), float(th[b]))
         self.active.append(int(cand[b]))
         self.refit()
-        self.select()
+        self.select(max_active=len(before[2]) + _EXCHANGE_PARTS)
         if self.penalized() < before[3] - 1e-9:
             self.theta, self.eta, self.active = before[0], before[1], before[2]
             return False
         return True
+
+    def scan(self, cand: np.ndarray, shortlist: int = 48):
+        """best_theta of many candidates. A family without concavity has a concave proxy (the
+        plain Poisson for the burst model): the proxy ranks every candidate and only its
+        shortlist is maximized exactly; the others score 0 this round."""
+        proxy = getattr(self.family, "proxy", None)
+        if proxy is None or len(cand) <= shortlist:
+            return self.best_theta(cand)
+        own = self.family
+        self.family = proxy
+        try:
+            _, g = self.best_theta(cand)
+        finally:
+            self.family = own
+        top = np.argsort(-(g - self.pen[cand]), kind="stable")[:shortlist]
+        th = np.zeros(len(cand))
+        gain = np.zeros(len(cand))
+        th[top], gain[top] = self.best_theta(cand[top])
+        return th, gain
 
     def select(self, max_active: int = 256, batch: int = 64, exclude: set[int] | None = None) -> None:
         """Forward selection with refit (disjoint candidates in batches), then backward pruning."""
@@ -457,7 +502,7 @@ class SparseGLM:
             cand = np.setdiff1d(pool, self.active, assume_unique=True)
             if cand.size == 0:
                 break
-            th, gain = self.best_theta(cand)
+            th, gain = self.scan(cand)
             score = gain - self.pen[cand]
             picks = self._batch(cand, score, min(batch, max_active - len(self.active)))
             if not picks:

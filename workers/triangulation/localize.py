@@ -308,8 +308,7 @@ class _Loss(_Channel):
         return np.concatenate(([-1, -1], self.cols.elements))
 
     def _groups(self, elements: np.ndarray) -> np.ndarray:
-        m = self.model
-        return m.kind[elements].astype(np.int64) * (1 << 40) + m.target[elements]
+        return _culprit_groups(self.model, elements)
 
     def report(self, glm: SparseGLM) -> list[_Found]:
         p = self.prep
@@ -450,8 +449,7 @@ class _Delay(_Channel):
         # between two thresholds that fit equally, prefer the higher one (the smaller claim);
         # between one direction and both that fit equally, one direction
         rank[1:] += 0.01 * (1.0 - self.col_tau[1:]) + 0.001 * np.array([len(k[0]) - 1 for k in keys[1:]])
-        group = np.concatenate(([-1], m.kind[self.col_element[1:]].astype(np.int64) * (1 << 40)
-                                + m.target[self.col_element[1:]]))
+        group = np.concatenate(([-1], _culprit_groups(m, self.col_element[1:])))
         glm = SparseGLM(NoisyOr(), X, T, pen, forced, rank, group, np.full(P, NoisyOr.cap))
         glm.start(np.array([-math.log1p(-self.rate0)]))
         if old is not None:  # warm start: the previous active columns, found by their keys
@@ -494,6 +492,18 @@ def _select(cols, sel: np.ndarray):
     mp = lut[cols.pair_col] >= 0
     return Columns(cols.elements[sel], cols.ecmp_class[me], lut[cols.ecmp_col[me]], cols.ecmp_x[me],
                    cols.pair_row[mp], lut[cols.pair_col[mp]], cols.pair_x[mp])
+
+
+def _culprit_groups(m: FabricModel, elements: np.ndarray) -> np.ndarray:
+    """The culprit each element names, as one number: posteriors add up over a group. The NIC
+    of a one-NIC host names the host (formats/fabric.md), so it shares the host's group."""
+    kind = m.kind[elements].astype(np.int64)
+    target = m.target[elements].astype(np.int64)
+    nic = kind == KIND_NIC
+    lone = nic & (m.nics_per_host[m.nic_host[np.where(nic, target, 0)]] == 1)
+    target = np.where(lone, m.nic_host[np.where(nic, target, 0)], target)
+    kind = np.where(lone, KIND_HOST, kind)
+    return kind * (1 << 40) + target
 
 
 def _partner(m: FabricModel, e: int) -> int:
