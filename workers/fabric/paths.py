@@ -657,13 +657,15 @@ class Incidence:
 
     def fraction_entries(
         self, links: np.ndarray, forward: np.ndarray, switches: np.ndarray, chunk: int = 64,
+        pairs: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sparse fractions of many elements at once, as (pair, column, fraction) entries.
 
         Columns 0..len(links)-1: link links[j] (indices into PathIndex.link_ids) crossed a->b
         when forward[j], b->a otherwise; then one column per switch in `switches`. Entries of the
         same (pair, column) may repeat (pairs with several legs): sum them. Vectorized over the
-        elements, so K elements cost about as much as a few calls of link_fractions.
+        elements, so K elements cost about as much as a few calls of link_fractions. pairs: an
+        optional boolean mask; only those pairs' entries are computed.
         """
         idx = self.index
         links = np.asarray(links, dtype=np.int64)
@@ -672,7 +674,8 @@ class Incidence:
         rows: list[np.ndarray] = []
         cols: list[np.ndarray] = []
         vals: list[np.ndarray] = []
-        sw = np.flatnonzero(~self.leg_direct)
+        keep = np.ones(len(self.pairs), dtype=bool) if pairs is None else np.asarray(pairs, dtype=bool)
+        sw = np.flatnonzero(~self.leg_direct & keep[self.leg_pair])
         ra, rb, d = self._ra[sw], self._rb[sw], self.leg_d[sw]
         base = self.leg_w[sw] / self.leg_n[sw]
         lp = self.leg_pair[sw]
@@ -710,7 +713,7 @@ class Incidence:
                 hit = on_src if forward[j] else on_dst
             else:
                 hit = on_dst if forward[j] else on_src
-            r = np.flatnonzero(hit)
+            r = np.flatnonzero(hit & keep[self.leg_pair])
             rows.append(self.leg_pair[r])
             cols.append(np.full(len(r), j, dtype=np.int64))
             vals.append(self.leg_w[r])
@@ -726,14 +729,15 @@ class Incidence:
             if links.size:
                 key = {(int(k), bool(f)): j for j, (k, f) in enumerate(zip(links, forward, strict=True))}
                 hit = [(p, key[(int(k), bool(f))]) for p, k, f in zip(kn.pair, kn.link, kn.fwd, strict=True)
-                       if (int(k), bool(f)) in key]
+                       if (int(k), bool(f)) in key and keep[p]]
                 if hit:
                     rows.append(np.array([h[0] for h in hit], dtype=np.int64))
                     cols.append(np.array([h[1] for h in hit], dtype=np.int64))
                     vals.append(np.ones(len(hit)))
             if switches.size and kn.switch.size:
                 col = {int(s): len(links) + j for j, s in enumerate(switches)}
-                hit = [(p, col[int(s)]) for p, s in zip(kn.switch_pair, kn.switch, strict=True) if int(s) in col]
+                hit = [(p, col[int(s)]) for p, s in zip(kn.switch_pair, kn.switch, strict=True)
+                       if int(s) in col and keep[p]]
                 if hit:
                     rows.append(np.array([h[0] for h in hit], dtype=np.int64))
                     cols.append(np.array([h[1] for h in hit], dtype=np.int64))

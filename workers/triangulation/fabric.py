@@ -88,6 +88,7 @@ class FabricModel:
         self.nic_host = idx.nic_host
         self.nics_per_host = np.bincount(idx.nic_host, minlength=H)
         self._classes: OrderedDict[bytes, Incidence] = OrderedDict()
+        self._exposures: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._warm = False
         self._ports: dict[int, list[tuple[int, int]]] | None = None
         self._sw_links: tuple[np.ndarray, np.ndarray] | None = None
@@ -236,6 +237,7 @@ class Prepared:
         self.class_pairs = ecmp[order]
         self.class_ptr = np.concatenate(([0], np.cumsum(np.bincount(cls, minlength=self.n_classes))))
         reps = ecmp[first]
+        self._class_key = self.src[reps].tobytes() + b"|" + self.dst[reps].tobytes()
         if len(reps):
             model.warm()
             self.inc: Incidence | None = model.class_incidence(self.src[reps], self.dst[reps])
@@ -244,6 +246,7 @@ class Prepared:
             self.inc = None
         self.reachable = self.hops >= 0
         self._col_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._scopes: dict[str, tuple] = {}
         # unreachable pairs (by the topology) still see their ends; count them as two hops
         self.hops_bg = np.where(self.reachable, self.hops, 2).astype(np.float64)
 
@@ -275,15 +278,32 @@ class Prepared:
         return np.stack([np.bincount(cls, weights=w[self.ecmp, j], minlength=self.n_classes)
                          for j in range(w.shape[1])], axis=1)
 
-    def adjoint(self, w: np.ndarray) -> np.ndarray:
-        """For per-pair weights w (n x m): per element e, sum_i x[i, e] w[i] (size x m)."""
+    def adjoint(self, w: np.ndarray, cache: bool = False) -> np.ndarray:
+        """For per-pair weights w (n x m): per element e, sum_i x[i, e] w[i] (size x m).
+
+        cache: the ECMP part (the costly dynamic programme) is kept by the FabricModel for the
+        same route classes and class sums, so exposures (sent, sent x hops, pair counts) of a
+        stable probe plan are computed once, not every window."""
         model = self.model
         w = np.asarray(w, dtype=np.float64).reshape(self.n, -1)
         m = w.shape[1]
         out = np.zeros((model.size, m))
         L = model.n_links
         if self.inc is not None and self.n_classes:
-            fwd, rev, sw = self.inc.loads(self.class_sums(w))
+            wc = self.class_sums(w).reshape(self.n_classes, m)
+            key = None
+            if cache:
+                key = hashlib.blake2b(self._class_key + wc.tobytes(), digest_size=16).digest()
+                hit = model._exposures.get(key)
+            if key is not None and hit is not None:
+                fwd, rev, sw = hit
+            else:  # one column at a time: the one-dimensional programme is the fastest
+                parts = [self.inc.loads(wc[:, j]) for j in range(m)]
+                fwd, rev, sw = (np.stack([pt[i] for pt in parts], axis=1) for i in range(3))
+                if key is not None:
+                    model._exposures[key] = (fwd, rev, sw)
+                    if len(model._exposures) > _CLASS_CACHE:
+                        model._exposures.pop(next(iter(model._exposures)))
             out[0: 2 * L: 2] = fwd.reshape(L, m)
             out[1: 2 * L: 2] = rev.reshape(L, m)
             out[2 * L: model.n_fabric] = sw.reshape(model.n_switches, m)
@@ -297,20 +317,24 @@ class Prepared:
         out[~model.candidate] = 0.0
         return out
 
-    def columns(self, elements: np.ndarray) -> Columns:
-        """The columns of the given element indices (FabricModel order), cached per element."""
+    def columns(self, elements: np.ndarray, scope: str | None = None) -> Columns:
+        """The columns of the given element indices (FabricModel order), cached per element.
+
+        scope: None for every pair; or the name of a set of pairs declared with set_scope (its
+        route classes only; the pairs outside it get no entries)."""
         elements = np.asarray(elements, dtype=np.int64)
-        missing = np.array([e for e in np.unique(elements) if int(e) not in self._col_cache], dtype=np.int64)
+        cache = self._col_cache if scope is None else self._scopes[scope][1]
+        missing = np.array([e for e in np.unique(elements) if int(e) not in cache], dtype=np.int64)
         if missing.size:
-            got = self._compute_columns(missing)
+            got = self._compute_columns(missing, None if scope is None else self._scopes[scope][0])
             eo = np.argsort(got.ecmp_col, kind="stable")
             po = np.argsort(got.pair_col, kind="stable")
             ecut = np.searchsorted(got.ecmp_col[eo], np.arange(len(missing) + 1))
             pcut = np.searchsorted(got.pair_col[po], np.arange(len(missing) + 1))
             for q, e in enumerate(missing.tolist()):
                 es, ps = eo[ecut[q]:ecut[q + 1]], po[pcut[q]:pcut[q + 1]]
-                self._col_cache[e] = (got.ecmp_class[es], got.ecmp_x[es], got.pair_row[ps], got.pair_x[ps])
-        parts = [self._col_cache[int(e)] for e in elements]
+                cache[e] = (got.ecmp_class[es], got.ecmp_x[es], got.pair_row[ps], got.pair_x[ps])
+        parts = [cache[int(e)] for e in elements]
         ne = np.array([len(pt[0]) for pt in parts], dtype=np.int64)
         npr = np.array([len(pt[2]) for pt in parts], dtype=np.int64)
         cat = np.concatenate
@@ -321,7 +345,16 @@ class Prepared:
             cat([pt[2] for pt in parts] + [z]), np.repeat(np.arange(len(elements)), npr), cat([pt[3] for pt in parts] + [zf]),
         )
 
-    def _compute_columns(self, elements: np.ndarray) -> Columns:
+    def set_scope(self, name: str, pairs: np.ndarray) -> None:
+        """Declare a set of pairs (indices) for columns(..., scope=name)."""
+        classes = np.zeros(self.n_classes, dtype=bool)
+        cls = self.pair_class[pairs]
+        classes[cls[cls >= 0]] = True
+        rows = np.zeros(self.n, dtype=bool)
+        rows[pairs] = True
+        self._scopes[name] = ((classes, rows), {})
+
+    def _compute_columns(self, elements: np.ndarray, scope=None) -> Columns:
         model = self.model
         L = model.n_links
         cols = np.arange(len(elements))
@@ -334,7 +367,7 @@ class Prepared:
             lk = elements[is_link] // 2
             fw = elements[is_link] % 2 == 0
             sws = elements[is_sw] - 2 * L
-            r, c, v = self.inc.fraction_entries(lk, fw, sws)
+            r, c, v = self.inc.fraction_entries(lk, fw, sws, pairs=None if scope is None else scope[0])
             colmap = np.concatenate((cols[is_link], cols[is_sw]))
             ec.append(r)
             ecol.append(colmap[c])
@@ -352,8 +385,9 @@ class Prepared:
         fab = np.flatnonzero(elements < model.n_fabric)
         if fab.size:
             sub = self.known_csc[:, elements[fab]].tocoo()
-            pr.append(sub.row.astype(np.int64))
-            pc.append(fab[sub.col])
+            keep = np.ones(len(sub.row), dtype=bool) if scope is None else scope[1][sub.row]
+            pr.append(sub.row[keep].astype(np.int64))
+            pc.append(fab[sub.col[keep]])
         edge = np.flatnonzero(elements >= model.n_fabric)
         if edge.size:
             pr_e, pc_e = self._edge_entries(elements[edge])

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-_NEWTON_STEPS = 60
+_NEWTON_STEPS = 40
 _JOINT_MAX = 24  # active columns up to which a refit is one joint Newton
 _EXCHANGE_PARTS = 8  # smaller elements an exchange may put in place of one aggregate
 
@@ -160,6 +160,22 @@ class SparseGLM:
         self.active: list[int] = []
         self.col_nnz = np.diff(self.X.indptr)
 
+    def add_columns(self, X: sp.csc_matrix, T: np.ndarray, pen: np.ndarray, rank: np.ndarray,
+                    group: np.ndarray, cap: np.ndarray) -> None:
+        """Append candidate columns (all at theta 0): the model itself does not change."""
+        if X.shape[1] == 0:
+            return
+        self.X = sp.hstack((self.X, sp.csc_matrix(X)), format="csc")
+        self.X.sort_indices()
+        self.T = np.concatenate((self.T, T))
+        self.pen = np.concatenate((self.pen, pen))
+        self.forced = np.concatenate((self.forced, np.zeros(X.shape[1], dtype=bool)))
+        self.rank = np.concatenate((self.rank, rank))
+        self.group = np.concatenate((self.group, group))
+        self.cap = np.concatenate((self.cap, cap))
+        self.theta = np.concatenate((self.theta, np.zeros(X.shape[1])))
+        self.col_nnz = np.diff(self.X.indptr)
+
     # ---- one-dimensional maximization, vectorized over columns -----------------------------
 
     def _gather(self, cols: np.ndarray):
@@ -175,10 +191,13 @@ class SparseGLM:
         seg = np.repeat(np.arange(len(cols)), lengths)
         return self.X.indices[pos], self.X.data[pos], seg
 
-    def best_theta(self, cols: np.ndarray, eta: np.ndarray | None = None, warm: bool = False):
+    def best_theta(self, cols: np.ndarray, eta: np.ndarray | None = None, warm: bool = False,
+                   need: np.ndarray | None = None):
         """For each column: (theta, gain) maximizing LL over that column alone, the other
         columns' contribution fixed at `eta` (default: the current model without the column).
-        warm: start from the current theta (refits)."""
+        warm: start from the current theta (refits). need: per column, a gain below which the
+        exact value does not matter (concave families: a column whose upper bound
+        hi x dLL/dtheta(0) stays below it reports gain 0 without being maximized)."""
         cols = np.asarray(cols, dtype=np.int64)
         k = len(cols)
         if k == 0:
@@ -211,6 +230,8 @@ class SparseGLM:
         theta = np.zeros(k)
         g1_0 = np.bincount(seg, weights=x * fam.f1(base, rows), minlength=k) - T
         live = g1_0 > 0
+        if need is not None:  # concavity: gain(theta) <= theta g1(0) <= hi g1(0)
+            live &= hi * g1_0 > need
         unbound = live & (hi >= cap)  # at the cap? possible only where the bound Y / T did not bind
         g1_cap = np.bincount(seg, weights=x * fam.f1(base + x * np.where(unbound, cap, 0.0)[seg], rows),
                              minlength=k) - T
@@ -336,6 +357,10 @@ class SparseGLM:
         cols = np.asarray(cols, dtype=np.int64)
         if cols.size == 0:
             return
+        if cols.size == 1:  # one column: the safeguarded one-dimensional search
+            th, _ = self.best_theta(cols, warm=True)
+            self._set(int(cols[0]), float(th[0]))
+            return
         fam = self.family
         sub = self.X[:, cols]
         rows = np.unique(sub.indices)
@@ -443,8 +468,13 @@ class SparseGLM:
             self.active.remove(j)
             self.refit()
             same = np.flatnonzero(self.group == self.group[j])
-            # an aggregate stands for a handful of parts at most: beyond, its penalty wins anyway
-            self.select(max_active=len(before[2]) + _EXCHANGE_PARTS, exclude=set(same.tolist()))
+            # its parts share its pairs; a handful at most (beyond, its penalty wins anyway)
+            mask = np.zeros(self.X.shape[0], dtype=bool)
+            mask[self.X.indices[self.X.indptr[j]:self.X.indptr[j + 1]]] = True
+            ptr, ind = self.X.indptr, self.X.indices
+            apart = [c for c in np.flatnonzero(~self.forced & (self.col_nnz > 0))
+                     if not mask[ind[ptr[c]:ptr[c + 1]]].any()]
+            self.select(max_active=len(before[2]) + _EXCHANGE_PARTS, exclude=set(same.tolist()) | set(apart))
             if self.penalized() < before[3] - 1e-9:
                 self.theta, self.eta, self.active = before[0], before[1], before[2]
 
@@ -474,23 +504,24 @@ class SparseGLM:
             return False
         return True
 
-    def scan(self, cand: np.ndarray, shortlist: int = 48):
+    def scan(self, cand: np.ndarray, shortlist: int = 32, eta: np.ndarray | None = None):
         """best_theta of many candidates. A family without concavity has a concave proxy (the
         plain Poisson for the burst model): the proxy ranks every candidate and only its
-        shortlist is maximized exactly; the others score 0 this round."""
+        shortlist is maximized exactly; the others score 0."""
         proxy = getattr(self.family, "proxy", None)
+        need = self.pen[cand] if eta is None else None  # selection: below the penalty is no pick
         if proxy is None or len(cand) <= shortlist:
-            return self.best_theta(cand)
+            return self.best_theta(cand, eta=eta, need=need if self.family.concave else None)
         own = self.family
         self.family = proxy
         try:
-            _, g = self.best_theta(cand)
+            _, g = self.best_theta(cand, eta=eta, need=need)
         finally:
             self.family = own
         top = np.argsort(-(g - self.pen[cand]), kind="stable")[:shortlist]
         th = np.zeros(len(cand))
         gain = np.zeros(len(cand))
-        th[top], gain[top] = self.best_theta(cand[top])
+        th[top], gain[top] = self.best_theta(cand[top], eta=eta)
         return th, gain
 
     def select(self, max_active: int = 256, batch: int = 64, exclude: set[int] | None = None) -> None:
@@ -553,7 +584,7 @@ class SparseGLM:
         others = set(self.active) - {j}
         cand = np.array([c for c in np.flatnonzero(~self.forced & (self.col_nnz > 0)) if c not in others],
                         dtype=np.int64)
-        _, gain = self.best_theta(cand, eta=eta)
+        _, gain = self.scan(cand, eta=eta)
         lp = gain - self.pen[cand]
         g = self.group[cand]
         top = max(0.0, float(lp.max()))

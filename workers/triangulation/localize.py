@@ -70,7 +70,7 @@ class Settings:
     min_activation: float = 0.3  # delay: smallest share of covered pairs made anomalous
     min_support: int = 2  # positive pairs an element must explain for the most part
     pool_fabric: int = 32  # candidates per kind and ranking taken into the pool
-    pool_edge: int = 2048  # NIC and host directions that stand out, at most
+    pool_edge: int = 256  # NIC and host directions that stand out, at most (by z)
     rescreen_rounds: int = 3
     coverage: tuple[float, ...] = (1.0, 0.5, 0.2, 0.05, 0.0)  # delay coverage thresholds tau
     burst_prior: float = 0.005  # prior probability that a pair loses probes in a burst tied to no element
@@ -119,7 +119,15 @@ class _Found:
 
 
 class _Channel:
-    """The pool, columns and SparseGLM of one channel, grown by rescreening."""
+    """The pool, columns and SparseGLM of one channel, grown by rescreening.
+
+    Every column is a spec (one element direction, or an element in both directions) at a
+    coverage threshold tau (delay channels; None for loss), kept in blocks of Columns: column j
+    is position col_pos[j] of block col_block[j]. Growing the pool appends columns; the model
+    found so far stays."""
+
+    taus: tuple = (None,)
+    scope: str | None = None  # the pairs the columns are needed on (None: all)
 
     def __init__(self, prep: Prepared, settings: Settings, kind: str):
         self.prep = prep
@@ -128,20 +136,102 @@ class _Channel:
         self.kind = kind
         self.pool = np.zeros(0, dtype=np.int64)
         self.glm: SparseGLM | None = None
+        self.blocks: list[Columns] = []
+        self.keys: list = []
+        self.key_pos: dict = {}
+        self.col_block: list[int] = []
+        self.col_pos: list[int] = []
+        self.col_element: list[int] = []
+        self.col_both: list[bool] = []
+        self.col_tau: list[float] = []
+        self._tried: set = set()  # exchanges and merges already decided
+        self.last_excess: np.ndarray | None = None
 
-    # the three channels differ only in these pieces
+    # what the channels define
     def setup(self) -> bool:
         raise NotImplementedError
+
+    def start(self) -> SparseGLM:
+        """The model with its forced (background) columns only."""
+        raise NotImplementedError
+
+    def block_stats(self, cols: Columns, tau, specs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(T, pen, cap) of a new block of columns."""
+        raise NotImplementedError
+
+    def _forced_keys(self) -> list:
+        raise NotImplementedError
+
+    # the shared machinery
+    def _register_forced(self) -> None:
+        for key in self._forced_keys():
+            self.key_pos[key] = len(self.keys)
+            self.keys.append(key)
+            self.col_block.append(-1)
+            self.col_pos.append(-1)
+            self.col_element.append(-1)
+            self.col_both.append(False)
+            self.col_tau.append(0.0)
+
+    def extend(self, new: np.ndarray) -> None:
+        """Add pool elements: their columns (one direction, and both) at every threshold."""
+        new = np.array([e for e in np.unique(new) if e not in set(self.pool.tolist())], dtype=np.int64)
+        if new.size == 0:
+            return
+        self.pool = np.concatenate((self.pool, new))
+        if self.glm is None:
+            self.glm = self.start()
+            self._register_forced()
+        m, p = self.model, self.prep
+        specs_all = _specs(m, new)
+        for tau in self.taus:
+            specs = [sp_ for sp_ in specs_all if (tau is None or tau >= 1.0 or m.kind[sp_[0]] <= KIND_SWITCH)
+                     and (sp_, tau) not in self.key_pos]
+            if not specs:
+                continue
+            cols = _spec_columns(p, specs, binary_tau=tau, scope=self.scope)
+            T, pen, cap = self.block_stats(cols, tau, specs)
+            first = cols.elements
+            rank = np.array([_RANK[int(m.kind[e])] + 0.001 * (len(sp_) - 1) + 0.01 * (1.0 - (tau if tau is not None else 1.0))
+                             for e, sp_ in zip(first, specs, strict=True)])
+            self.glm.add_columns(p.restrict(cols, self.S), T, pen, rank, _culprit_groups(m, first), cap)
+            b = len(self.blocks)
+            self.blocks.append(cols)
+            for q, sp_ in enumerate(specs):
+                self.key_pos[(sp_, tau)] = len(self.keys)
+                self.keys.append((sp_, tau))
+                self.col_block.append(b)
+                self.col_pos.append(q)
+                self.col_element.append(int(sp_[0]))
+                self.col_both.append(len(sp_) == 2)
+                self.col_tau.append(1.0 if tau is None else float(tau))
+
+    def column_elements(self) -> np.ndarray:
+        return np.array(self.col_element, dtype=np.int64)
+
+    def full_columns(self, cols: list[int]) -> sp.csc_matrix:
+        """[pairs x len(cols)] columns over every pair of the window."""
+        everyone = np.arange(self.prep.n)
+        by_block: dict[int, list[int]] = {}
+        for i, j in enumerate(cols):
+            by_block.setdefault(self.col_block[j], []).append(i)
+        parts, order = [], []
+        for b, idx in by_block.items():
+            pos = np.array([self.col_pos[cols[i]] for i in idx], dtype=np.int64)
+            parts.append(self.prep.restrict(_select(self.blocks[b], pos), everyone))
+            order += idx
+        out = sp.hstack(parts, format="csc")
+        return out[:, np.argsort(np.array(order))]
 
     def grow(self, excess: np.ndarray, expected: np.ndarray) -> bool:
         """Add what stands out in a screening pass to the pool and search again; False when
         nothing new did (the channel is then done)."""
+        self.last_excess = excess
         new = self._top(excess, expected, exclude=self.pool, residual=self.glm is not None)
         if new.size == 0:
             return False
         before = self._active_elements()
-        self.pool = np.concatenate((self.pool, new))
-        self.glm = self.build(self.pool, self.glm)
+        self.extend(new)
         self.glm.select()
         self._exchange_switches()
         # the residual changed only if the model did: otherwise screening again finds the same
@@ -150,10 +240,15 @@ class _Channel:
     def _exchange_switches(self) -> None:
         """Aggregates against their parts, both ways: an active switch may stand for several
         smaller elements around it, and several active links of one switch (or NICs of one
-        host) may be that switch (host). Each change is kept only if the model scores higher."""
+        host) may be that switch (host). Each change is kept only if the model scores higher;
+        each question is asked once per window."""
         m, glm = self.model, self.glm
         ce = self.column_elements()
-        sw = [j for j in glm.active if ce[j] >= 0 and m.kind[ce[j]] == KIND_SWITCH]
+        # (loss: a switch fits its losses far better than its parts, and the question is costly)
+        sw = [j for j in glm.active if m.kind[ce[j]] == KIND_SWITCH and ("x", int(ce[j])) not in self._tried
+              and self.kind != "loss"]
+        for j in sw:
+            self._tried.add(("x", int(ce[j])))
         if sw:
             glm.exchange(sw)
         idx = m.index
@@ -174,10 +269,15 @@ class _Channel:
             elif m.kind[e] == KIND_NIC:
                 parents.setdefault((KIND_HOST, int(m.nic_host[m.target[e]])), []).append(j)
         for (kind, t), js in parents.items():
-            if len({int(m.target[ce[j]]) for j in js}) < 2:
+            parts = frozenset(int(m.target[ce[j]]) for j in js)
+            if len(parts) < 2 or ("m", kind, t, parts) in self._tried:
                 continue
+            self._tried.add(("m", kind, t, parts))
             want = {KIND_SWITCH: {2 * m.n_links + t}, KIND_HOST: {m.host_tx0 + t, m.host_rx0 + t},
                     KIND_NIC: {m.nic_tx0 + t, m.nic_rx0 + t}}[kind]
+            missing = np.array([e for e in want if m.candidate[e]], dtype=np.int64)
+            self.extend(missing)
+            ce = self.column_elements()
             cand = [j for j in range(len(ce)) if int(ce[j]) in want and not glm.forced[j]]
             if cand:
                 glm.try_replace(js, cand)
@@ -188,20 +288,33 @@ class _Channel:
         return frozenset(int(e) for e in self.column_elements()[self.glm.active])
 
     def reselect(self, known: set[int]) -> None:
-        """Search again from scratch with a small penalty for elements that other channels
-        found faulty: a link already known to delay traffic explains tail anomalies better
-        than an unknown switch next to it. Known elements join the pool if missing."""
+        """Elements that other channels found faulty get a small penalty here: a link known to
+        delay traffic explains tail anomalies better than an unknown switch next to it. Each
+        known element is tried in place of the active columns sharing its pairs."""
         if self.glm is None or not known:
             return
-        add = np.array(sorted(set(known) - set(self.pool.tolist())), dtype=np.int64)
-        add = add[self.model.candidate[add]] if add.size else add
-        self.pool = np.concatenate((self.pool, add))
-        self.glm = self.build(self.pool, None)
-        mine = np.isin(self.column_elements(), np.array(sorted(known), dtype=np.int64))
-        mine &= ~self.glm.forced
-        self.glm.pen[mine] = np.minimum(self.glm.pen[mine],
-                                        0.5 * math.log(max(self.prep.n, 2)) + math.log(1 + len(known)))
-        self.glm.select()
+        m, glm = self.model, self.glm
+        known = {e for e in known if m.candidate[e]}
+        if self.last_excess is not None:  # nothing left for it to explain here: no question
+            known = {e for e in known if self.last_excess[e] > 1.0 or e in set(self.pool.tolist())}
+        if not known:
+            return
+        self.extend(np.array(sorted(known), dtype=np.int64))
+        ce = self.column_elements()
+        mine = np.isin(ce, np.array(sorted(known), dtype=np.int64)) & ~glm.forced
+        glm.pen[mine] = np.minimum(glm.pen[mine], 0.5 * math.log(max(self.prep.n, 2)) + math.log(1 + len(known)))
+        glm.select()
+        ptr, ind = glm.X.indptr, glm.X.indices
+        for e in sorted(known):
+            cols = [j for j in np.flatnonzero(ce == e) if j not in glm.active]
+            if not cols or any(ce[j] == e for j in glm.active):
+                continue
+            rows = np.unique(np.concatenate([ind[ptr[j]:ptr[j + 1]] for j in cols]))
+            mask = np.zeros(glm.X.shape[0], dtype=bool)
+            mask[rows] = True
+            overlap = [j for j in glm.active if mask[ind[ptr[j]:ptr[j + 1]]].any()]
+            if overlap:
+                glm.try_replace(overlap, cols)
         self._exchange_switches()
 
     def _top(self, excess: np.ndarray, expected: np.ndarray, exclude: np.ndarray, residual: bool) -> np.ndarray:
@@ -247,68 +360,51 @@ class _Loss(_Channel):
         self.bg0 = np.minimum(np.array([0.5 * total / max(self.bg_T[0], 1.0), 0.5 * total / max(self.bg_T[1], 1.0)]),
                               self.s.loss_floor / 3)
         self.pen = math.log(max(int(self.model.candidate.sum()), 2)) + 0.5 * math.log(max(p.n, 2))
+        self.scope = "lossy"
+        p.set_scope(self.scope, self.S)
         return True
 
-    def _mu(self, glm: SparseGLM | None) -> np.ndarray:
+    def _forced_keys(self) -> list:
+        return [("bg", "hop"), ("bg", "pair")]
+
+    def expected(self, expo: np.ndarray) -> np.ndarray:
+        """Expected losses per element under the background: b1 (probes x hops) + b0 probes."""
+        self.expo_sent = expo[:, 1]
+        return expo[:, 0] * self.bg0[0] + expo[:, 1] * self.bg0[1]
+
+    def start(self) -> SparseGLM:
         p = self.prep
+        k, n = p.lost[self.S], p.sent[self.S]
+        family = PoissonBurst(k, n, self.s.burst_prior, self.s.burst_q) if self.s.burst_prior > 0 else Poisson(k)
+        # background is small by definition: a loss rate shared by every pair and above a third
+        # of the reporting floor is a fault of whatever element they share
+        cap = np.full(2, self.s.loss_floor / 3)
+        glm = SparseGLM(family, sp.csc_matrix(self.bg_cols[self.S]), self.bg_T, np.zeros(2), np.ones(2, dtype=bool),
+                        np.full(2, -1.0), np.array([-1, -2]), cap)
+        glm.start(self.bg0)
+        return glm
+
+    def block_stats(self, cols: Columns, tau, specs):
+        # the columns cover the lossy pairs only; their exposures come from the window's
+        # exposure pass (sum over every pair of sent x share)
+        k = len(cols.elements)
+        T = np.array([sum(self.expo_sent[e] for e in sp_) for sp_ in specs])
+        return T, np.full(k, self.pen), np.ones(k)
+
+    def _mu(self, glm: SparseGLM | None) -> np.ndarray:
         if glm is None:
             return self.bg_cols @ self.bg0
-        th = glm.theta
-        mu = self.bg_cols @ th[:2]
-        act = np.array(glm.active, dtype=np.int64)
-        if act.size:
-            full = p.restrict(_select(self.cols, act - 2), np.arange(p.n))
-            mu = mu + full @ th[act]
+        mu = self.bg_cols @ glm.theta[:2]
+        if glm.active:  # over every pair: the active columns again, unscoped
+            specs = [self.keys[j][0] for j in glm.active]
+            full = self.prep.restrict(_spec_columns(self.prep, specs), np.arange(self.prep.n))
+            mu = mu + full @ glm.theta[glm.active]
         return mu
 
     def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
         p = self.prep
         mu = self._mu(glm)
         return np.stack((p.lost - p.sent * mu, p.sent * mu), axis=1)
-
-    def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
-        p, m = self.prep, self.model
-        self.pool_elements = pool
-        specs = _specs(m, pool)
-        self.cols = cols = _spec_columns(p, specs)
-        T = p.totals(cols, p.sent)
-        Xp = p.restrict(cols, self.S)
-        X = sp.hstack((sp.csc_matrix(self.bg_cols[self.S]), Xp), format="csc")
-        P = X.shape[1]
-        forced = np.zeros(P, dtype=bool)
-        forced[:2] = True
-        pen = np.full(P, self.pen)
-        pen[:2] = 0.0
-        first = cols.elements
-        # ties: the smaller element; between one direction and both that fit equally, one
-        rank = np.concatenate(([-1, -1], [_RANK[int(m.kind[e])] + 0.001 * (len(sp_) - 1)
-                                          for e, sp_ in zip(first, specs, strict=True)]))
-        group = np.concatenate(([-1, -2], self._groups(first)))
-        # background is small by definition: a loss rate shared by every pair and above a third
-        # of the reporting floor is a fault of whatever element they share
-        cap = np.ones(P)
-        cap[:2] = self.s.loss_floor / 3
-        k, n = p.lost[self.S], p.sent[self.S]
-        family = PoissonBurst(k, n, self.s.burst_prior, self.s.burst_q) if self.s.burst_prior > 0 else Poisson(k)
-        glm = SparseGLM(family, X, np.concatenate((self.bg_T, T)), pen, forced, rank, group, cap)
-        glm.start(old.theta[:2] if old is not None else self.bg0)
-        keys = [("bg", 0), ("bg", 1)] + [sp_ for sp_ in specs]
-        if old is not None:  # warm start: the previous active columns, found by their specs
-            where = {key: i for i, key in enumerate(keys)}
-            for j in old.active:
-                i = where.get(self.col_keys[j])
-                if i is not None:
-                    glm._set(i, float(old.theta[j]))
-                    glm.active.append(i)
-            glm.refit()
-        self.col_keys = keys
-        return glm
-
-    def column_elements(self) -> np.ndarray:
-        return np.concatenate(([-1, -1], self.cols.elements))
-
-    def _groups(self, elements: np.ndarray) -> np.ndarray:
-        return _culprit_groups(self.model, elements)
 
     def report(self, glm: SparseGLM) -> list[_Found]:
         p = self.prep
@@ -323,8 +419,7 @@ class _Loss(_Channel):
             if rate < floor or support < self.s.min_support:
                 continue
             conf = glm.posterior(j) * glm.floor_probability(j, floor)
-            out.append(_Found(int(self.cols.elements[j - 2]), conf, rate, support, "loss",
-                              both=len(self.col_keys[j]) == 2))
+            out.append(_Found(self.col_element[j], conf, rate, support, "loss", both=self.col_both[j]))
         return out
 
 
@@ -334,6 +429,10 @@ class _Delay(_Channel):
     def __init__(self, prep: Prepared, settings: Settings, which: str):
         super().__init__(prep, settings, which)
         self.which = which
+        # a median moves only when more than half of a pair's probes are delayed: the median
+        # channel never claims coverage below one half
+        cov = settings.coverage
+        self.taus = tuple(t for t in cov if t >= 0.5) if which == "p50" else tuple(cov)
 
     def setup(self) -> bool:
         p, s = self.prep, self.s
@@ -341,7 +440,6 @@ class _Delay(_Channel):
         usable = np.isfinite(p.p50) & np.isfinite(p.p99) & (p.sent - p.lost >= s.min_delivered)
         self.usable = usable
         anomalous = np.zeros(p.n, dtype=bool)
-        base = np.full(p.n, np.nan)
         hops = p.hops_bg
         for h in np.unique(hops[usable]):
             g = usable & (hops == h)
@@ -351,18 +449,21 @@ class _Delay(_Channel):
             scale = max(mad, 1e-3 * abs(med), 1e-3)
             if g.sum() < 8:  # too few pairs for a spread of their own: use the window's
                 scale = max(scale, self._pooled_scale(values, usable, hops))
-            base[g] = med
             anomalous[g] = (v - med > s.delay_z * scale) & (v - med > s.delay_rel * med)
         self.anomalous = anomalous
-        self.base = base
         self.S = np.flatnonzero(anomalous)
         if self.S.size < s.min_support:
             return False
         self.n_normal = float(np.count_nonzero(usable & ~anomalous))
+        self.normal_w = (usable & ~anomalous).astype(np.float64)
+        self.normal_c = p.class_sums(self.normal_w)
         self.rate0 = max(self.S.size / max(float(usable.sum()), 1.0), 1e-6)
-        n_taus = len(s.coverage)
-        self.pen = (math.log(max(int(self.model.candidate.sum()) * n_taus, 2))
+        self.pen = (math.log(max(int(self.model.candidate.sum()) * len(self.taus), 2))
                     + 0.5 * math.log(max(int(usable.sum()), 2)))
+        pi = s.noisy_end_prior
+        # noisy end hosts are common (the spec's noisy host): in the tail, a far smaller price
+        self.pen_end = (math.log((1 - pi) / pi) + 0.5 * math.log(max(int(usable.sum()), 2))
+                        if self.which == "p99" else self.pen)
         return True
 
     @staticmethod
@@ -374,19 +475,33 @@ class _Delay(_Channel):
         d = np.concatenate(dev)
         return 1.4826 * float(np.median(d)) if d.size else 0.0
 
+    def _forced_keys(self) -> list:
+        return [("bg",)]
+
+    def expected(self, expo: np.ndarray) -> np.ndarray:
+        """Variance of the anomaly count per element under the background rate."""
+        return expo[:, 2] * self.rate0 * (1 - self.rate0)
+
+    def start(self) -> SparseGLM:
+        glm = SparseGLM(NoisyOr(), sp.csc_matrix(np.ones((self.S.size, 1))), np.array([self.n_normal]),
+                        np.zeros(1), np.ones(1, dtype=bool), np.full(1, -1.0), np.array([-1]),
+                        np.full(1, NoisyOr.cap))
+        glm.start(np.array([-math.log1p(-self.rate0)]))
+        return glm
+
+    def block_stats(self, cols: Columns, tau, specs):
+        m = self.model
+        T = self.prep.totals(cols, self.normal_w, self.normal_c)
+        pen = np.where(m.kind[cols.elements] >= KIND_NIC, self.pen_end, self.pen)
+        return T, pen, np.full(len(cols.elements), NoisyOr.cap)
+
     def _prob(self, glm: SparseGLM | None) -> np.ndarray:
         p = self.prep
         if glm is None:
             return np.full(p.n, self.rate0)
         eta = np.full(p.n, glm.theta[0])
-        by_block: dict[int, list[int]] = {}
-        for j in glm.active:
-            by_block.setdefault(self.col_block[j], []).append(j)
-        everyone = np.arange(p.n)
-        for b, js in by_block.items():
-            block = self.blocks[b]
-            full = p.restrict(_select(block, self.col_pos[js]), everyone)
-            eta += full @ glm.theta[js]
+        if glm.active:
+            eta = eta + self.full_columns(glm.active) @ glm.theta[glm.active]
         return -np.expm1(-eta)
 
     def screen_weights(self, glm: SparseGLM | None) -> np.ndarray:
@@ -395,82 +510,11 @@ class _Delay(_Channel):
         t = self.anomalous.astype(np.float64)
         return np.stack((np.where(u, t - P, 0.0), np.where(u, P * (1 - P), 0.0)), axis=1)
 
-    def build(self, pool: np.ndarray, old: SparseGLM | None) -> SparseGLM:
-        p, m, s = self.prep, self.model, self.s
-        self.pool_elements = pool
-        normal_w = (self.usable & ~self.anomalous).astype(np.float64)
-        normal_c = p.class_sums(normal_w)
-        mats = [sp.csc_matrix(np.ones((self.S.size, 1)))]
-        Ts = [np.array([self.n_normal])]
-        elements = [-1]
-        taus = [0.0]
-        self.blocks: list[Columns] = []  # one per coverage threshold
-        block_of = [-1]
-        pos_in = [-1]
-        keys: list[tuple] = [("bg",)]
-        specs = _specs(m, pool)
-        fabric_specs = [sp_ for sp_ in specs if m.kind[sp_[0]] <= KIND_SWITCH]
-        # one column per pool element (one direction, or both) and coverage threshold; NIC and
-        # host elements cover their pairs fully, so only tau = 1
-        # a median moves only when more than half of a pair's probes are delayed: the median
-        # channel never claims coverage below one half
-        grid = [t for t in s.coverage if t >= 0.5] if self.which == "p50" else list(s.coverage)
-        for tau in grid:
-            chosen = fabric_specs if tau < 1.0 else specs
-            if not chosen:
-                continue
-            cols = _spec_columns(p, chosen, binary_tau=tau)
-            mats.append(p.restrict(cols, self.S))
-            Ts.append(p.totals(cols, normal_w, normal_c))
-            for q, sp_ in enumerate(chosen):
-                block_of.append(len(self.blocks))
-                pos_in.append(q)
-                elements.append(int(sp_[0]))
-                taus.append(tau)
-                keys.append((sp_, tau))
-            self.blocks.append(cols)
-        X = sp.hstack(mats, format="csc")
-        T = np.concatenate(Ts)
-        P = X.shape[1]
-        self.col_element = np.array(elements, dtype=np.int64)
-        self.col_block = np.array(block_of, dtype=np.int64)
-        self.col_pos = np.array(pos_in, dtype=np.int64)
-        self.col_tau = np.array(taus)
-        forced = np.zeros(P, dtype=bool)
-        forced[0] = True
-        pen = np.full(P, self.pen)
-        pen[0] = 0.0
-        if self.which == "p99":
-            # noisy end hosts are common (the spec's noisy host): a far smaller prior price
-            end = np.r_[False, m.kind[self.col_element[1:]] >= KIND_NIC]
-            pi = s.noisy_end_prior
-            pen[end] = math.log((1 - pi) / pi) + 0.5 * math.log(max(int(self.usable.sum()), 2))
-        rank = np.array([-1] + [_RANK[int(m.kind[e])] for e in elements[1:]], dtype=np.float64)
-        # between two thresholds that fit equally, prefer the higher one (the smaller claim);
-        # between one direction and both that fit equally, one direction
-        rank[1:] += 0.01 * (1.0 - self.col_tau[1:]) + 0.001 * np.array([len(k[0]) - 1 for k in keys[1:]])
-        group = np.concatenate(([-1], _culprit_groups(m, self.col_element[1:])))
-        glm = SparseGLM(NoisyOr(), X, T, pen, forced, rank, group, np.full(P, NoisyOr.cap))
-        glm.start(np.array([-math.log1p(-self.rate0)]))
-        if old is not None:  # warm start: the previous active columns, found by their keys
-            where = {k: i for i, k in enumerate(keys)}
-            for j in old.active:
-                i = where.get(self.col_keys[j])
-                if i is not None:
-                    glm._set(i, float(old.theta[j]))
-                    glm.active.append(i)
-            glm.refit()
-        self.col_keys = keys
-        return glm
-
-    def column_elements(self) -> np.ndarray:
-        return self.col_element
-
     def report(self, glm: SparseGLM) -> list[_Found]:
         out = []
         m = self.model
         for j in glm.active:
-            e = int(self.col_element[j])
+            e = self.col_element[j]
             act = -math.expm1(-float(glm.theta[j]))
             support = glm.support(j)
             if act < self.s.min_activation or support < self.s.min_support:
@@ -479,8 +523,7 @@ class _Delay(_Channel):
                 continue  # a noisy tail at an end host is not a fault
             floor = -math.log1p(-self.s.min_activation)
             conf = glm.posterior(j) * glm.floor_probability(j, floor)
-            out.append(_Found(e, conf, act, support, self.which, float(self.col_tau[j]),
-                              both=len(self.col_keys[j][0]) == 2))
+            out.append(_Found(e, conf, act, support, self.which, self.col_tau[j], both=self.col_both[j]))
         return out
 
 
@@ -536,11 +579,12 @@ def _specs(m: FabricModel, pool: np.ndarray) -> list[tuple[int, ...]]:
     return out
 
 
-def _spec_columns(prep: Prepared, specs: list[tuple[int, ...]], binary_tau: float | None = None) -> Columns:
+def _spec_columns(prep: Prepared, specs: list[tuple[int, ...]], binary_tau: float | None = None,
+                  scope: str | None = None) -> Columns:
     """Columns of specs (tuples of elements, summed); with binary_tau, coverage x >= tau of each
-    element, 1 where any element of the spec covers the pair."""
+    element, 1 where any element of the spec covers the pair. scope: see Prepared.columns."""
     elems = np.array(sorted({e for sp_ in specs for e in sp_}), dtype=np.int64)
-    base = prep.columns(elems)
+    base = prep.columns(elems, scope)
     if binary_tau is not None:
         t = binary_tau
         base = base.transformed(lambda x: (x >= t * (1 - 1e-9)).astype(np.float64) if t > 0
@@ -581,22 +625,18 @@ def localize(prep: Prepared, settings: Settings = Settings()) -> Verdict:
                               _Delay(prep, settings, "p99")) if ch.setup()]
     live = list(channels)
     rounds = 0
-    expected: dict[str, np.ndarray] = {}
-    for r in range(settings.rescreen_rounds):
+    # each element's expected count under the null model (it only scales the z ranking of the
+    # screening) from exposures that a stable probe plan computes once: probes x hops, probes,
+    # pairs
+    if live:
+        expo = prep.adjoint(np.stack((prep.sent * prep.hops_bg, prep.sent, np.ones(prep.n)), axis=1), cache=True)
+    expected = {ch.kind: ch.expected(expo) for ch in live}
+    for _ in range(settings.rescreen_rounds):
         if not live:
             break
         rounds += 1
-        # the first pass also gives each element's expected count under the null model; later
-        # passes reuse it (it only scales the z ranking of what is left to explain)
-        width = 2 if r == 0 else 1
-        adj = prep.adjoint(np.concatenate([ch.screen_weights(ch.glm)[:, :width] for ch in live], axis=1))
-        grown = []
-        for i, ch in enumerate(live):
-            if r == 0:
-                expected[ch.kind] = adj[:, 2 * i + 1]
-            if ch.grow(adj[:, width * i], expected[ch.kind]):
-                grown.append(ch)
-        live = grown
+        adj = prep.adjoint(np.stack([ch.screen_weights(ch.glm)[:, 0] for ch in live], axis=1))
+        live = [ch for i, ch in enumerate(live) if ch.grow(adj[:, i], expected[ch.kind])]
     reports = {ch.kind: ch.report(ch.glm) for ch in channels if ch.glm is not None}
     # reconcile: each channel again, with the elements the others found as known suspects
     for ch in channels:
