@@ -15,7 +15,7 @@ from testbed.simulate.topology import PRESETS, TopoParams, generate_topology
 from testbed.simulate.window import WindowConfig, simulate
 from workers.fabric.observations import ObservationsError
 from workers.fabric.topology import parse_topology
-from workers.triangulation import FabricModel, Settings, Verdict, triangulate
+from workers.triangulation import FabricModel, Settings, Verdict, pairs_through, triangulate
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "data" / "scenarios"
 EXAMPLES = sorted(p.name for p in SCENARIOS.iterdir() if (p / "truth.json").exists())
@@ -284,3 +284,19 @@ def test_invalid_windows_raise_a_named_error(example):
     with pytest.raises(ObservationsError, match=r"probes\[0\]\.src: 'nobody' is not a NIC"):
         triangulate(model, {"format": "lockstep.observations/v1",
                             "probes": [{"src": "nobody", "dst": topo.nics[0].name, "sent": 1, "lost": 0}]})
+
+
+def test_the_pairs_through_a_culprit_are_its_evidence(example):
+    topo, model = example
+    sc = simulate(topo, WindowConfig(faults="link_loss:1", seed=42))
+    culprit = sc.truth["culprits"][0]
+    rows, share = pairs_through(model, sc.observations, culprit["kind"], culprit["name"])
+    assert len(rows) >= culprit["pairs_touched"]  # (both directions; the fault may be one)
+    assert np.all((share > 0) & (share <= 1))
+    probes = sc.observations["probes"]
+    lost_through = sum(probes[r]["lost"] for r in rows)
+    assert lost_through >= 0.9 * sum(p["lost"] for p in probes) - 10  # the losses are there
+    nic = topo.nics[0].name
+    rows, share = pairs_through(model, sc.observations, "nic", nic)
+    assert {probes[r]["src"] for r in rows} | {probes[r]["dst"] for r in rows} >= {nic}
+    assert np.all(share == 1)
