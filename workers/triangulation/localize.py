@@ -2,37 +2,49 @@
 
 Channels (each a `glm.SparseGLM` over the elements of `fabric.FabricModel`):
 
-1. **loss** (Poisson): lost_i ~ Poisson(sent_i * mu_i) with
+1. **loss**: lost_i ~ Poisson(sent_i * mu_i) with
    mu_i = b1 * hops_i + b0 + sum_e x[i, e] r_e: background per link crossed and per pair, plus a
-   loss rate r_e per faulty element, x the fraction of the pair's probes crossing e (even ECMP
-   spreading, or 1 on a known path). Exact for one faulty element per pair; overlaps add.
+   loss rate r_e per faulty element, x the share of the pair's probes crossing e (even ECMP
+   spreading, or 1 on a known path). Exact for one faulty element per pair; overlaps add. The
+   background is capped (a third of the reporting floor): loss every pair shares beyond that
+   is a fault of what they share. Contaminated by bursts: with prior probability
+   `burst_prior` a pair loses a few probes in one burst tied to no element (geometric sizes),
+   so a handful of bursty pairs does not make an element (`glm.PoissonBurst`).
 2. **median delay** (noisy-OR): a pair is anomalous when its p50 exceeds the healthy p50 of its
    hop count by more than `delay_z` robust standard deviations (1.4826 MAD over the window's
    pairs) and by `delay_rel` of the healthy value. An element with activation a and coverage
    threshold tau makes each pair with x[i, e] >= tau anomalous with probability a; a pair is
-   normal only if no element (nor the background rate) makes it anomalous. The threshold matters
-   for unknown paths: a delay on 1/32 of a pair's paths shifts its p99, not its p50.
-3. **tail delay** (noisy-OR): the same on p99.
+   normal only if no element (nor the background rate) makes it anomalous. A median moves only
+   when most of a pair's probes are delayed: tau >= 1/2 here.
+3. **tail delay** (noisy-OR): the same on p99, every tau of `coverage` (a delay on 1/32 of a
+   pair's paths shows in its p99). End hosts with a noisy tail are common: NIC and host columns
+   pay a prior price from `noisy_end_prior`, and are never culprits in this channel.
 
-Candidate pools: every element's excess (observed minus expected losses or anomalies, summed
-with the weights x[i, e]) comes from one adjoint pass over all elements
-(`Prepared.adjoint`, the ECMP dynamic programme of workers.fabric.paths); the top elements of
-each kind by excess and by excess / sqrt(expected) form the pool, whose columns are built
-explicitly; the search runs in the pool; then the residual is screened again and the pool grown
-until nothing new stands out.
+Columns: every element direction alone, and every element in both directions at once (one
+penalty for a cable or NIC that fails both ways). Candidate pools: every element's excess
+(observed minus expected losses or anomalies, weighted by x) comes from one adjoint pass over all
+elements per round (`Prepared.adjoint`, the ECMP dynamic programme of workers.fabric.paths);
+the top elements of each kind by excess and by excess / sqrt(expected), and the strongest links
+of the switches that stand out, form the pool, whose columns are built explicitly; the search
+runs in the pool (forward selection with refit, backward pruning, penalty log(#elements) +
+log(N)/2 nats); the residual is screened again and the pool grown until nothing new changes the
+model. Aggregates are weighed against their parts both ways (a switch against the elements
+around it; several links of one switch, NICs of one host, links of a multi-homed NIC against
+that switch, host or NIC), and elements one channel found get a small penalty in the others
+(a link known to lose probes explains the tail anomalies around it better than a switch).
 
 Reporting (formats/fabric.md): an active element is a culprit when it pays its penalty, is
 backed by at least `min_support` positive pairs it explains for the most part, and is large
 enough to matter (loss rate >= max(`loss_floor`, `bg_multiple` x the background per link);
-delay activation >= `min_activation`). A tail-only anomaly of a host or NIC is end-host noise
-(the spec's noisy host), never a culprit; tail anomalies of links and switches are (queueing on
-a congested link). Link directions report as the link, NIC and host directions as the NIC and
-host; a host all of whose NICs are culprits is the host; a switch all of whose links (or NICs)
-are culprits is the switch; NICs of a culprit host fold into it.
+delay activation >= `min_activation`). Link directions report as the link, NIC and host
+directions as the NIC and host; a host all of whose NICs are culprits is the host; a switch all
+of whose links (or NICs) are culprits is the switch; NICs of a culprit host fold into it.
 
 Confidence of a culprit = P(it is the element | single swaps with every pool candidate or none,
-prior odds exp(-penalty)) x P(its rate is above the reporting floor), from the channel's
-likelihood; combined over channels as 1 - prod(1 - c).
+prior odds exp(-penalty), alternatives naming the same culprit added up) x P(its rate is above
+the reporting floor), from the channel's likelihood; combined over channels as 1 - prod(1 - c).
+Culprits below `min_confidence` are left out (for F1, naming a culprit of confidence p pays when
+p > F1 / 2).
 """
 
 from __future__ import annotations
