@@ -306,3 +306,43 @@ def test_known_paths_that_are_not_walks_are_named(example_index):
     inc = example_index.incidence(pairs[:1], [detour])
     assert inc.hops[0] == 6
     assert inc.switch_fractions(["leaf-su00-r0", "spine-p0-00"]).tolist() == [[2.0, 1.0]]
+
+
+def test_mean_path_product_when_every_pair_has_a_known_path(example_index):
+    idx = example_index
+    nn = idx.nic_names
+    pairs = [(nn[0], nn[20]), (nn[1], nn[40])]
+    paths = [idx.paths(*p)[0] for p in pairs]
+    inc = idx.incidence(pairs, paths)
+    assert inc.mean_path_product(np.full(len(idx.link_ids), 0.9)) == pytest.approx([0.9 ** 4, 0.9 ** 4])
+
+
+def test_fraction_entries_agree_with_link_and_switch_fractions(example_index, three_tier):
+    for idx in (example_index, three_tier):
+        rng = np.random.default_rng(1)
+        nn = idx.nic_names
+        pairs = [(nn[a], nn[b]) for a, b in rng.integers(len(nn), size=(300, 2)) if a != b]
+        known = [idx.paths(*p)[0] if i % 3 == 0 else None for i, p in enumerate(pairs)]
+        inc = idx.incidence(pairs, known)
+        links = rng.choice(len(idx.link_ids), 40, replace=False)
+        forward = rng.random(40) < 0.5
+        switches = rng.choice(len(idx.switch_names), 10, replace=False)
+        r, c, v = inc.fraction_entries(links, forward, switches)
+        got = np.zeros((len(pairs), 50))
+        np.add.at(got, (r, c), v)
+        fw, rv = inc.link_fractions([idx.link_ids[k] for k in links], directed=True)
+        assert got[:, :40] == pytest.approx(np.where(forward[None, :], fw, rv))
+        assert got[:, 40:] == pytest.approx(inc.switch_fractions([idx.switch_names[s] for s in switches]))
+
+
+def test_loads_of_several_weight_columns_match_one_at_a_time(three_tier):
+    idx = three_tier
+    rng = np.random.default_rng(2)
+    nn = idx.nic_names
+    pairs = [(nn[a], nn[b]) for a, b in rng.integers(len(nn), size=(500, 2)) if a != b]
+    inc = idx.incidence(pairs)
+    w = rng.random((len(pairs), 3))
+    fwd, rev, sw = inc.loads(w)
+    for c in range(3):
+        f1, r1, s1 = inc.loads(w[:, c])
+        assert fwd[:, c] == pytest.approx(f1) and rev[:, c] == pytest.approx(r1) and sw[:, c] == pytest.approx(s1)

@@ -655,6 +655,99 @@ class Incidence:
                     out[p, j] += 1.0
         return out
 
+    def fraction_entries(
+        self, links: np.ndarray, forward: np.ndarray, switches: np.ndarray, chunk: int = 64,
+        pairs: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sparse fractions of many elements at once, as (pair, column, fraction) entries.
+
+        Columns 0..len(links)-1: link links[j] (indices into PathIndex.link_ids) crossed a->b
+        when forward[j], b->a otherwise; then one column per switch in `switches`. Entries of the
+        same (pair, column) may repeat (pairs with several legs): sum them. Vectorized over the
+        elements, so K elements cost about as much as a few calls of link_fractions. pairs: an
+        optional boolean mask; only those pairs' entries are computed.
+        """
+        idx = self.index
+        links = np.asarray(links, dtype=np.int64)
+        forward = np.asarray(forward, dtype=bool)
+        switches = np.asarray(switches, dtype=np.int64)
+        rows: list[np.ndarray] = []
+        cols: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
+        keep = np.ones(len(self.pairs), dtype=bool) if pairs is None else np.asarray(pairs, dtype=bool)
+        sw = np.flatnonzero(~self.leg_direct & keep[self.leg_pair])
+        ra, rb, d = self._ra[sw], self._rb[sw], self.leg_d[sw]
+        base = self.leg_w[sw] / self.leg_n[sw]
+        lp = self.leg_pair[sw]
+
+        def emit(on: np.ndarray, frac: np.ndarray, col0: int) -> None:
+            r, c = np.nonzero(on)
+            rows.append(lp[r])
+            cols.append(c + col0)
+            vals.append(frac[r, c])
+
+        kind = idx.link_kind[links] if links.size else np.zeros(0, dtype=np.int8)
+        inner = np.flatnonzero(kind == 0)
+        for start in range(0, len(inner), chunk):
+            j = inner[start:start + chunk]
+            k = links[j]
+            x = np.where(forward[j], idx.link_switch_a[k], idx.link_switch_b[k])
+            y = np.where(forward[j], idx.link_switch_b[k], idx.link_switch_a[k])
+            dx, dy = self._dist[ra[:, None], x[None, :]], self._dist[rb[:, None], y[None, :]]
+            on = (dx >= 0) & (dy >= 0) & (dx + 1 + dy == d[:, None])
+            frac = np.where(on, self._cnt[ra[:, None], x[None, :]] * self._cnt[rb[:, None], y[None, :]]
+                            * base[:, None], 0.0)
+            r, c = np.nonzero(on)
+            rows.append(lp[r])
+            cols.append(j[c])
+            vals.append(frac[r, c])
+        for j in np.flatnonzero(kind != 0):
+            k = int(links[j])
+            on_src = self.leg_la == k
+            on_dst = self.leg_lb == k
+            if kind[j] == 2:
+                a_nic = idx.nic_index[idx.link_a[k]]
+                src_is_a = self.src[self.leg_pair] == a_nic
+                hit = on_src & (src_is_a == bool(forward[j]))
+            elif idx.link_switch_a[k] < 0:  # a is the NIC: a -> b leaves the NIC (source side)
+                hit = on_src if forward[j] else on_dst
+            else:
+                hit = on_dst if forward[j] else on_src
+            r = np.flatnonzero(hit & keep[self.leg_pair])
+            rows.append(self.leg_pair[r])
+            cols.append(np.full(len(r), j, dtype=np.int64))
+            vals.append(self.leg_w[r])
+        for start in range(0, len(switches), chunk):
+            s = switches[start:start + chunk]
+            da, db = self._dist[ra[:, None], s[None, :]], self._dist[rb[:, None], s[None, :]]
+            on = (da >= 0) & (db >= 0) & (da + db == d[:, None])
+            frac = np.where(on, self._cnt[ra[:, None], s[None, :]] * self._cnt[rb[:, None], s[None, :]]
+                            * base[:, None], 0.0)
+            emit(on, frac, len(links) + start)
+        kn = self._known
+        if kn.pair.size:
+            if links.size:
+                key = {(int(k), bool(f)): j for j, (k, f) in enumerate(zip(links, forward, strict=True))}
+                hit = [(p, key[(int(k), bool(f))]) for p, k, f in zip(kn.pair, kn.link, kn.fwd, strict=True)
+                       if (int(k), bool(f)) in key and keep[p]]
+                if hit:
+                    rows.append(np.array([h[0] for h in hit], dtype=np.int64))
+                    cols.append(np.array([h[1] for h in hit], dtype=np.int64))
+                    vals.append(np.ones(len(hit)))
+            if switches.size and kn.switch.size:
+                col = {int(s): len(links) + j for j, s in enumerate(switches)}
+                hit = [(p, col[int(s)]) for p, s in zip(kn.switch_pair, kn.switch, strict=True)
+                       if int(s) in col and keep[p]]
+                if hit:
+                    rows.append(np.array([h[0] for h in hit], dtype=np.int64))
+                    cols.append(np.array([h[1] for h in hit], dtype=np.int64))
+                    vals.append(np.ones(len(hit)))
+        if not rows:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, np.zeros(0)
+        return (np.concatenate(rows).astype(np.int64), np.concatenate(cols).astype(np.int64),
+                np.concatenate(vals).astype(np.float64))
+
     def nic_counts(self, names: Sequence[str]) -> np.ndarray:
         """[pairs x K] how many ends of each pair are each NIC (0 or 1)."""
         ks = np.array([self.index._nic(nm) for nm in names], dtype=np.int64)
@@ -729,18 +822,22 @@ class Incidence:
                 rev[:, c] += np.bincount(lk[~is_fwd], weights=lw[~is_fwd], minlength=n_links)
         # switch-switch links and switches: flow DP per destination root
         edge_load = np.zeros((len(idx._e_link), m_cols))
+        cols = np.arange(m_cols)
         for _b, cnt_b, layers, legs in self._dags():
-            for c in range(m_cols):
-                lw = self.leg_w[legs] * w2[self.leg_pair[legs], c] / self.leg_n[legs]
-                flow = np.bincount(self.leg_a[legs], weights=lw, minlength=n_sw)
-                for k in range(len(layers) - 1, 0, -1):
-                    e = layers[k]
-                    if e.size == 0:
-                        continue
-                    t, h = idx._e_tail[e], idx._e_head[e]
-                    edge_load[e, c] += flow[t] * cnt_b[h]
-                    flow += np.bincount(h, weights=flow[t], minlength=n_sw)
-                sw_load[:, c] += flow * cnt_b
+            # all weight columns at once: flow is [switches x m], scattered with one bincount
+            lw = (self.leg_w[legs] / self.leg_n[legs])[:, None] * w2[self.leg_pair[legs]]
+            flow = np.bincount((self.leg_a[legs][:, None] * m_cols + cols).ravel(), weights=lw.ravel(),
+                               minlength=n_sw * m_cols).reshape(n_sw, m_cols)
+            for k in range(len(layers) - 1, 0, -1):
+                e = layers[k]
+                if e.size == 0:
+                    continue
+                t, h = idx._e_tail[e], idx._e_head[e]
+                ft = flow[t]
+                edge_load[e] += ft * cnt_b[h][:, None]
+                flow += np.bincount((h[:, None] * m_cols + cols).ravel(), weights=ft.ravel(),
+                                    minlength=n_sw * m_cols).reshape(n_sw, m_cols)
+            sw_load += flow * cnt_b[:, None]
         ef = idx._e_fwd
         kn = self._known
         for c in range(m_cols):
@@ -812,7 +909,7 @@ class Incidence:
                 k = int(self.leg_la[i])
                 src_is_a = idx.nic_index[idx.link_a[k]] == self.src[self.leg_pair[i]]
                 leg_val[i] = link_fwd[k] if src_is_a else link_rev[k]
-        out = np.bincount(self.leg_pair, weights=leg_val * self.leg_w, minlength=n)
+        out = np.bincount(self.leg_pair, weights=leg_val * self.leg_w, minlength=n).astype(np.float64)
         kn = self._known
         if kn.pair.size:
             known_val = np.ones(n)
