@@ -88,6 +88,7 @@ class ApiTokenViewSet(ScopedViewSetMixin, mixins.CreateModelMixin, mixins.ListMo
         minted = services.mint_api_token(
             org_id, request.user, name=serializer.validated_data["name"],
             scope=serializer.validated_data.get("scope", "read"), expires=serializer.validated_data.get("expires"),
+            parent=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         minted.token.token = minted.plaintext
         return Response(ApiTokenCreatedSerializer(minted.token, context=self.get_serializer_context()).data,

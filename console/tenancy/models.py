@@ -93,11 +93,17 @@ class TokenScope(models.TextChoices):
     READ = "read", "Read"
     WRITE = "write", "Write"
 
+    @classmethod
+    def rank(cls, scope: str) -> int:
+        return {cls.READ: 1, cls.WRITE: 2}.get(scope, 0)
+
 
 class ApiToken(HashedToken, OrganizationOwnedModel):
     """A bearer token for the REST API, bound to one organization and acting for its creator.
 
-    It never grants more than its creator's current role, and `read` tokens never write.
+    It never grants more than its creator's current role, and `read` tokens never write. One
+    minted with another token (`parent`) expires no later than it, has no wider scope, and is
+    revoked with it.
     """
 
     PREFIX = "lst"
@@ -117,6 +123,17 @@ class ApiToken(HashedToken, OrganizationOwnedModel):
         max_length=8,
         choices=TokenScope.choices,
         default=TokenScope.READ,
+    )
+    # The token that minted this one (None when minted signed in): a child never outlives or
+    # out-ranks it, and is revoked with it.
+    parent = models.ForeignKey(
+        to="self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        verbose_name="parent",
+        editable=False,
     )
 
     class Meta:

@@ -139,14 +139,34 @@ def _keep_an_owner(membership: Membership, new_role) -> None:
 # --- API tokens ---------------------------------------------------------------------------------
 
 def mint_api_token(organization_id: int, user, *, name: str, scope: str = TokenScope.READ,
-                   expires: datetime | None = None) -> MintedApiToken:
+                   expires: datetime | None = None, parent: ApiToken | None = None) -> MintedApiToken:
+    """A new token. Minted with another token (`parent`), it is bound by it: same organization,
+    no wider scope, an expiry no later than the parent's (the parent's when none is asked)."""
     if expires is not None and expires <= timezone.now():
         raise Invalid("The expiry must be in the future.", field="expires")
-    token = ApiToken(organization_id=organization_id, user=user, name=name, scope=scope, expires=expires)
+    if parent is not None:
+        if parent.organization_id != organization_id:
+            raise Invalid("A token mints tokens of its own organization only.", field="organization")
+        if TokenScope.rank(scope) > TokenScope.rank(parent.scope):
+            raise Invalid(f"A token of the {parent.scope} scope cannot mint one of the {scope} scope.", field="scope")
+        if parent.expires is not None:
+            if expires is None:
+                expires = parent.expires
+            elif expires > parent.expires:
+                raise Invalid(f"The expiry must not be later than the minting token's ({parent.expires.isoformat()}).",
+                              field="expires")
+    token = ApiToken(organization_id=organization_id, user=user, name=name, scope=scope, expires=expires,
+                     parent=parent)
     plaintext = token.set_new_secret()
     token.save()
     return MintedApiToken(token, plaintext)
 
 
 def revoke_api_token(token: ApiToken) -> None:
-    token.revoke()
+    """Revoke the token and every token minted from it, at any depth."""
+    with transaction.atomic():
+        token.revoke()
+        generation = [token.pk]
+        while generation:
+            ApiToken.objects.filter(parent_id__in=generation, revoked_at__isnull=True).update(revoked_at=token.revoked_at)
+            generation = list(ApiToken.objects.filter(parent_id__in=generation).values_list("pk", flat=True))
