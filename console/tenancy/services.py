@@ -18,6 +18,7 @@ from django.utils.text import slugify
 
 from console.core import scoping
 from console.core.errors import Conflict, Invalid
+from console.live.publish import publish_access_changed
 from console.tenancy.models import ApiToken, Membership, Organization, Role, TokenScope
 
 
@@ -119,6 +120,7 @@ def change_role(membership: Membership, role: str) -> Membership:
         _keep_an_owner(membership, new_role=role)
         membership.role = role
         membership.save(update_fields=["role", "updated"])
+        publish_access_changed(membership.user_id)
     return membership
 
 
@@ -126,6 +128,7 @@ def remove_member(membership: Membership) -> None:
     with transaction.atomic():
         _keep_an_owner(membership, new_role=None)
         membership.delete()
+        publish_access_changed(membership.user_id)
 
 
 def _keep_an_owner(membership: Membership, new_role) -> None:
