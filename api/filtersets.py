@@ -2,12 +2,55 @@
 
 from __future__ import annotations
 
+from datetime import timezone as dt_timezone
+
 import django_filters as filters
+from django import forms
+from rest_framework import exceptions
+from rest_framework.filters import OrderingFilter
 
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
+
+
+class StrictOrderingFilter(OrderingFilter):
+    """`?ordering=` names columns of the listed rows, or is a 400 saying which it may name (DRF
+    would order by any readable serializer field, a computed one included: a 500)."""
+
+    def get_valid_fields(self, queryset, view, context=None):
+        fields = super().get_valid_fields(queryset, view, context or {})
+        model = queryset.model
+        concrete = {f.name for f in model._meta.concrete_fields} | {f.attname for f in model._meta.concrete_fields}
+        annotated = set(getattr(queryset.query, "annotations", {}))
+        return [(name, label) for name, label in fields if name in concrete | annotated]
+
+    def remove_invalid_fields(self, queryset, fields, view, request):
+        valid = {name for name, _ in self.get_valid_fields(queryset, view, {"request": request})}
+        wrong = [term for term in fields if term.lstrip("-") not in valid]
+        if wrong:
+            raise exceptions.ValidationError(
+                {self.ordering_param: f"cannot order by {', '.join(wrong)}; choose from {', '.join(sorted(valid))}"})
+        return list(fields)
+
+
+class StrictIsoDateTimeField(filters.fields.IsoDateTimeField):
+    """An ISO 8601 time that exists in UTC too: 9999-12-31T23:59:59-23:59 does not (it overflows
+    when the query compares it), and is a 400 naming the parameter."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is not None and parsed.tzinfo is not None:
+            try:
+                parsed.astimezone(dt_timezone.utc)
+            except OverflowError:
+                raise forms.ValidationError(f"{value!r} is outside the times that can be compared") from None
+        return parsed
+
+
+class StrictIsoDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = StrictIsoDateTimeField
 
 
 class ClusterFilterSet(filters.FilterSet):
@@ -80,8 +123,8 @@ class ApiTokenFilterSet(filters.FilterSet):
 
 
 class TelemetryRecordFilterSet(filters.FilterSet):
-    since = filters.IsoDateTimeFilter(field_name="ts", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="ts", lookup_expr="lt")
+    since = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="lt")
 
     class Meta:
         model = TelemetryRecord

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from console.tenancy.models import ApiToken, Membership, Organization, Role
+from console.tenancy.models import ApiToken, Invitation, Membership, Organization, Role
 from console.tenancy.scope import Scope
 
 
@@ -25,7 +25,8 @@ class OrganizationSerializer(serializers.ModelSerializer):
 class MembershipSerializer(serializers.ModelSerializer):
     # Resolved in the caller's tenant scope (the default manager): another tenant's id is "does not exist".
     organization = serializers.PrimaryKeyRelatedField(queryset=Organization.objects.all())
-    email = serializers.EmailField(write_only=True, required=False, help_text="The user to add (must have an account).")
+    email = serializers.EmailField(write_only=True, required=False, max_length=254,
+                                   help_text="Whom to invite: they join once they accept, signed in with this address.")
     role = serializers.ChoiceField(choices=Role.choices, default=Role.VIEWER)
     user = serializers.SerializerMethodField()
 
@@ -47,6 +48,15 @@ class MembershipSerializer(serializers.ModelSerializer):
             if "organization" in attrs and attrs["organization"] != self.instance.organization:
                 raise serializers.ValidationError({"organization": "a membership cannot move to another organization"})
         return attrs
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    """What adding a member answers: the invitation, the same for any address."""
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "organization", "email", "role", "expires", "created"]
+        read_only_fields = fields
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

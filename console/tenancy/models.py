@@ -8,7 +8,7 @@ from django.db import models
 from console.core.models import OrganizationOwnedModel, TenantOwned, TimestampedModel
 from console.core.tokens import HashedToken
 
-__all__ = ["ApiToken", "Membership", "Organization", "Role", "TokenScope"]
+__all__ = ["ApiToken", "Invitation", "Membership", "Organization", "Role", "TokenScope"]
 
 
 class Role(models.TextChoices):
@@ -87,6 +87,44 @@ class Membership(TenantOwned, TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.organization} ({self.role})"
+
+
+class Invitation(OrganizationOwnedModel):
+    """An owner's offer of a role to an e-mail address; a membership once its user accepts it.
+
+    Adding a member always makes one, whether or not an account has the address, so the answer
+    says nothing about other people's accounts, and nobody joins an organization without consent.
+    """
+
+    email = models.EmailField(
+        verbose_name="e-mail",
+        max_length=254,
+    )
+    role = models.CharField(
+        verbose_name="role",
+        max_length=16,
+        choices=Role.choices,
+        default=Role.VIEWER,
+    )
+    invited_by = models.ForeignKey(
+        to=settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="+",
+        verbose_name="invited by",
+    )
+    expires = models.DateTimeField(
+        verbose_name="expires",
+    )
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "email"], name="tenancy_invitation_unique_organization_email"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.organization_id} ({self.role})"
 
 
 class TokenScope(models.TextChoices):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
@@ -17,9 +17,11 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from console.core import scoping
-from console.core.errors import Conflict, Invalid
+from console.core.errors import Conflict, Invalid, NotFound
 from console.live.publish import publish_access_changed
-from console.tenancy.models import ApiToken, Membership, Organization, Role, TokenScope
+from console.tenancy.models import ApiToken, Invitation, Membership, Organization, Role, TokenScope
+
+INVITATION_TTL = timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -106,13 +108,52 @@ def create_organization_with_admin(name: str, admin_email: str, *, password: str
 
 # --- members ------------------------------------------------------------------------------------
 
-def add_member(organization: Organization, email: str, role: str) -> Membership:
-    user = get_user_model().objects.filter(email__iexact=email, is_active=True).first()
-    if user is None:
-        raise Invalid(f"No active user has the address {email!r}.", field="email")
-    if Membership.objects.filter(organization=organization, user=user).exists():
+def invite_member(organization: Organization, email: str, role: str, invited_by) -> Invitation:
+    """An invitation of `email` to `organization`, whether or not an account has the address
+    (the answer is the same either way); inviting the address again renews it with the new role.
+    Nobody becomes a member until they accept (`accept_invitation`)."""
+    email = email.strip().lower()
+    if Membership.objects.filter(organization=organization, user__email__iexact=email).exists():
         raise Conflict(f"{email} is already a member.", field="email")
-    return Membership.objects.create(organization=organization, user=user, role=role)
+    invitation, _ = Invitation.objects.update_or_create(
+        organization=organization, email=email,
+        defaults={"role": role, "invited_by": invited_by, "expires": timezone.now() + INVITATION_TTL},
+    )
+    return invitation
+
+
+def invitations_for(user) -> list[Invitation]:
+    """The open invitations addressed to the user's e-mail, of any organization."""
+    if not user.email:
+        return []
+    with scoping.unscoped("the invitations addressed to the signed-in user, whichever organization sent them"):
+        return list(Invitation.objects.filter(email__iexact=user.email, expires__gt=timezone.now())
+                    .select_related("organization"))
+
+
+def _invitation_for(user, invitation_id) -> Invitation:
+    found = next((i for i in invitations_for(user) if str(i.pk) == str(invitation_id)), None)
+    if found is None:  # another person's invitation is not found, like one that does not exist
+        raise NotFound("No such invitation for you.", field="invitation")
+    return found
+
+
+def accept_invitation(user, invitation_id) -> Membership:
+    """The user joins with the invited role; the invitation is used up."""
+    invitation = _invitation_for(user, invitation_id)
+    with scoping.for_organization(invitation.organization_id), transaction.atomic():
+        membership, created = Membership.objects.get_or_create(
+            organization_id=invitation.organization_id, user=user, defaults={"role": invitation.role})
+        invitation.delete()
+    if created:
+        publish_access_changed(user.pk)
+    return membership
+
+
+def decline_invitation(user, invitation_id) -> None:
+    invitation = _invitation_for(user, invitation_id)
+    with scoping.for_organization(invitation.organization_id):
+        invitation.delete()
 
 
 def change_role(membership: Membership, role: str) -> Membership:
