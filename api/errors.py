@@ -132,3 +132,12 @@ def document_errors(result, generator, request, public):
             for code, description in errors_here.items():
                 responses.setdefault(code, {"description": description, "content": content})
     return result
+
+
+def not_found(request, exception=None):
+    """The 404 of a URL that names no route: the error shape under /api/, the plain page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(body("not_found", f"No route {request.path!r} in the API."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

@@ -13,3 +13,5 @@ urlpatterns = [
 ]
 if settings.ADMIN_ENABLED:  # off unless LOCKSTEP_ADMIN=true (console/settings.py)
     urlpatterns.insert(2, path("admin/", admin.site.urls))
+
+handler404 = "api.errors.not_found"

@@ -3,7 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from console.fleet import services
-from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, NicKind, Node, NodeState, Switch
 from console.tenancy.models import Organization
 
 
@@ -61,6 +61,7 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NicSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True)
+    kind = serializers.ChoiceField(choices=[("", "not reported yet"), *NicKind.choices], read_only=True)
 
     class Meta:
         model = Nic

@@ -83,7 +83,7 @@ def json_problem(document, where: str = "") -> tuple[str, str] | None:
             continue
         elif isinstance(value, int):
             if not JSON_INT_RANGE[0] <= value <= JSON_INT_RANGE[1]:
-                return path or "(body)", f"{value} is out of range (a signed 64-bit integer)"
+                return path or "(body)", f"{value} is an integer beyond 64 bits"
         elif isinstance(value, float):
             if not math.isfinite(value):
                 return path or "(body)", "is not a finite number"

@@ -252,3 +252,27 @@ def test_enrollment_with_a_nul_in_a_fact_is_refused(world, fleet):
     token = make_enrollment_token(fleet.cluster)
     body = {"token": token, "host": {"hostname": "h-nul", "machine_id": "m-nul", "kernel": "6.1\x00"}}
     _refused(_send(Client(), "post", "/api/v1/agent/enroll", body), "host.kernel")
+
+
+# --- routes, pagination, repeated parameters -------------------------------------------------------
+
+
+def test_a_url_that_names_no_route_answers_the_error_shape(world):
+    for path in ("/api/v1/clusters/1.5/", "/api/v1/no-such-thing/", "/api/v1/clusters/-1e-9/topology/"):
+        _refused(_owner(world).get(path), status=(404,))
+    assert Client().get("/no-such-page/").status_code == 404  # pages keep their own 404
+
+
+@pytest.mark.parametrize("query", [{"limit": "x"}, {"limit": "0"}, {"limit": "1001"}, {"offset": "-1"},
+                                   {"offset": "1.5"}])
+def test_pagination_out_of_range_names_the_parameter(world, query):
+    _refused(_owner(world).get("/api/v1/clusters/", query), next(iter(query)))
+
+
+def test_a_parameter_given_twice_or_empty_names_it(world, fleet):
+    owner = _owner(world)
+    _refused(owner.get("/api/v1/nics/?kind="), "kind")
+    _refused(owner.get("/api/v1/nodes/?cluster="), "cluster")
+    for query in (f"cluster={fleet.cluster.pk}&cluster={fleet.cluster.pk}", "limit=5&limit=6", "ordering=name&ordering=-name"):
+        _refused(owner.get(f"/api/v1/nodes/?{query}"), query.split("=")[0])
+    assert owner.get("/api/v1/nodes/?state=ready&state=lost").status_code == 200  # a list filter takes several
