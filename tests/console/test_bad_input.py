@@ -276,3 +276,18 @@ def test_a_parameter_given_twice_or_empty_names_it(world, fleet):
     for query in (f"cluster={fleet.cluster.pk}&cluster={fleet.cluster.pk}", "limit=5&limit=6", "ordering=name&ordering=-name"):
         _refused(owner.get(f"/api/v1/nodes/?{query}"), query.split("=")[0])
     assert owner.get("/api/v1/nodes/?state=ready&state=lost").status_code == 200  # a list filter takes several
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/api/v1/clusters/{cluster}/enrollment-tokens/", {"description": -682387}, "description"),
+    ("/api/v1/clusters/{cluster}/enrollment-tokens/", {"max_uses": "5"}, "max_uses"),
+    ("/api/v1/clusters/", {"name": 5}, "name"),
+    ("/api/v1/clusters/", {"name": "typed", "organization": "1"}, "organization"),
+    ("/api/v1/tokens/", {"name": "t", "scope": ["read"]}, "scope"),
+    ("/api/v1/nodes/{node}/commands/", {"type": "node.health", "idempotency_key": True}, "idempotency_key"),
+])
+def test_a_value_of_the_wrong_json_type_is_refused_not_coerced(world, fleet, path, body, field):
+    owner = _owner(world)
+    before = snapshot(world.acme)
+    _refused(_send(owner, "post", _path(path, fleet), body), field)
+    assert snapshot(world.acme) == before
