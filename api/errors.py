@@ -86,3 +86,58 @@ def exception_handler(exc, context):
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         response.data = body(code, str(detail))
     return response
+
+
+# --- the error answers in the OpenAPI schema -------------------------------------------------------
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "description": "Every error answer of the API (docs/api.md).",
+    "properties": {
+        "error": {"type": "string", "description": "What kind of refusal: invalid, not_found, conflict, ..."},
+        "detail": {"type": "string", "description": "A sentence for people."},
+        "fields": {"type": "object", "additionalProperties": {"type": "string"},
+                   "description": "The fields to blame (`links[12].b`) and what is wrong with each."},
+    },
+    "required": ["error", "detail"],
+}
+_ERRORS_EVERYWHERE = {
+    "400": "A query parameter or the body is invalid; `fields` names each.",
+    "401": "No credential, or one that does not hold (expired, revoked, unknown).",
+    "403": "The caller's role or token scope does not allow this.",
+    "406": "The Accept header asks for a format this route does not produce.",
+}
+_ERRORS_OF_OBJECTS = {"404": "No such object for this caller (another organization's objects are not found either)."}
+_ERRORS_OF_WRITES = {
+    "404": _ERRORS_OF_OBJECTS["404"],
+    "409": "Valid, but the current state forbids it (a name taken, the last owner).",
+    "413": "The body is larger than this route accepts.",
+    "415": "The body is not in a format this route reads (JSON).",
+}
+
+
+def document_errors(result, generator, request, public):
+    """drf-spectacular postprocessing hook: every operation documents the error answers it can
+    give, all in the one error shape, so clients (and the generated API test) know them."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            errors_here = dict(_ERRORS_EVERYWHERE)
+            if "{" in path:
+                errors_here.update(_ERRORS_OF_OBJECTS)
+            if method in ("post", "put", "patch", "delete"):
+                errors_here.update(_ERRORS_OF_WRITES)
+            responses = operation.setdefault("responses", {})
+            for code, description in errors_here.items():
+                responses.setdefault(code, {"description": description, "content": content})
+    return result
+
+
+def not_found(request, exception=None):
+    """The 404 of a URL that names no route: the error shape under /api/, the plain page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(body("not_found", f"No route {request.path!r} in the API."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timezone as dt_timezone
+
 import django_filters as filters
+from django import forms
+from rest_framework import exceptions
+from rest_framework.filters import OrderingFilter
 
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
@@ -10,7 +15,70 @@ from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
 
 
-class ClusterFilterSet(filters.FilterSet):
+class StrictFilterSet(filters.FilterSet):
+    """A filter that takes one value is given one, and a value: `?cluster=1&cluster=2` and
+    `?cluster=` are a 400 naming the parameter (django-filter would use the last, or none)."""
+
+    def is_valid(self):
+        valid = super().is_valid()
+        given = getattr(self.data, "getlist", None)
+        for name, declared in self.filters.items() if given else ():
+            multiple = isinstance(declared, (filters.MultipleChoiceFilter, filters.ModelMultipleChoiceFilter))
+            values = given(name)
+            if not multiple and len(values) > 1:
+                self.form.add_error(name, "given more than once")
+                valid = False
+            elif "" in values and not isinstance(declared, filters.CharFilter):
+                # `?kind=` would quietly filter nothing: an unset variable in a script lists everything.
+                self.form.add_error(name, "empty: give a value, or leave the parameter out")
+                valid = False
+        return valid
+
+
+class StrictOrderingFilter(OrderingFilter):
+    """`?ordering=` names columns of the listed rows, or is a 400 saying which it may name (DRF
+    would order by any readable serializer field, a computed one included: a 500)."""
+
+    def get_valid_fields(self, queryset, view, context=None):
+        fields = super().get_valid_fields(queryset, view, context or {})
+        model = queryset.model
+        concrete = {f.name for f in model._meta.concrete_fields} | {f.attname for f in model._meta.concrete_fields}
+        annotated = set(getattr(queryset.query, "annotations", {}))
+        return [(name, label) for name, label in fields if name in concrete | annotated]
+
+    def get_ordering(self, request, queryset, view):
+        if len(request.query_params.getlist(self.ordering_param)) > 1:
+            raise exceptions.ValidationError({self.ordering_param: "given more than once (separate fields by commas)"})
+        return super().get_ordering(request, queryset, view)
+
+    def remove_invalid_fields(self, queryset, fields, view, request):
+        valid = {name for name, _ in self.get_valid_fields(queryset, view, {"request": request})}
+        wrong = [term for term in fields if term.lstrip("-") not in valid]
+        if wrong:
+            raise exceptions.ValidationError(
+                {self.ordering_param: f"cannot order by {', '.join(wrong)}; choose from {', '.join(sorted(valid))}"})
+        return list(fields)
+
+
+class StrictIsoDateTimeField(filters.fields.IsoDateTimeField):
+    """An ISO 8601 time that exists in UTC too: 9999-12-31T23:59:59-23:59 does not (it overflows
+    when the query compares it), and is a 400 naming the parameter."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is not None and parsed.tzinfo is not None:
+            try:
+                parsed.astimezone(dt_timezone.utc)
+            except OverflowError:
+                raise forms.ValidationError(f"{value!r} is outside the times that can be compared") from None
+        return parsed
+
+
+class StrictIsoDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = StrictIsoDateTimeField
+
+
+class ClusterFilterSet(StrictFilterSet):
     name = filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -18,7 +86,7 @@ class ClusterFilterSet(filters.FilterSet):
         fields = ["organization", "name"]
 
 
-class NodeFilterSet(filters.FilterSet):
+class NodeFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=NodeState.choices)
     name = filters.CharFilter(lookup_expr="icontains")
 
@@ -27,37 +95,37 @@ class NodeFilterSet(filters.FilterSet):
         fields = ["organization", "cluster", "state", "in_topology", "name", "machine_id"]
 
 
-class GpuFilterSet(filters.FilterSet):
+class GpuFilterSet(StrictFilterSet):
     class Meta:
         model = Gpu
         fields = ["cluster", "node", "uuid", "health"]
 
 
-class NicFilterSet(filters.FilterSet):
+class NicFilterSet(StrictFilterSet):
     class Meta:
         model = Nic
         fields = ["cluster", "node", "rail", "in_topology", "kind", "health", "link_state"]
 
 
-class SwitchFilterSet(filters.FilterSet):
+class SwitchFilterSet(StrictFilterSet):
     class Meta:
         model = Switch
         fields = ["cluster", "tier", "health"]
 
 
-class LinkFilterSet(filters.FilterSet):
+class LinkFilterSet(StrictFilterSet):
     class Meta:
         model = Link
         fields = ["cluster", "health", "name"]
 
 
-class EnrollmentTokenFilterSet(filters.FilterSet):
+class EnrollmentTokenFilterSet(StrictFilterSet):
     class Meta:
         model = EnrollmentToken
         fields = ["cluster"]
 
 
-class CommandFilterSet(filters.FilterSet):
+class CommandFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=CommandState.choices)
 
     class Meta:
@@ -65,7 +133,7 @@ class CommandFilterSet(filters.FilterSet):
         fields = ["cluster", "node", "type", "state"]
 
 
-class MembershipFilterSet(filters.FilterSet):
+class MembershipFilterSet(StrictFilterSet):
     role = filters.ChoiceFilter(choices=Role.choices)
 
     class Meta:
@@ -73,15 +141,15 @@ class MembershipFilterSet(filters.FilterSet):
         fields = ["organization", "role"]
 
 
-class ApiTokenFilterSet(filters.FilterSet):
+class ApiTokenFilterSet(StrictFilterSet):
     class Meta:
         model = ApiToken
         fields = ["organization", "scope"]
 
 
-class TelemetryRecordFilterSet(filters.FilterSet):
-    since = filters.IsoDateTimeFilter(field_name="ts", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="ts", lookup_expr="lt")
+class TelemetryRecordFilterSet(StrictFilterSet):
+    since = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="lt")
 
     class Meta:
         model = TelemetryRecord

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "console.agentdist",
     "console.web",
     "api",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -89,6 +90,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -184,6 +186,19 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Sign-in attempts are counted by django-axes (the page and, when on, the admin site): after
+# LOCKSTEP_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that pair is
+# refused (429) for LOCKSTEP_LOGIN_LOCKOUT_S, even with the right password. The address is the
+# socket's peer: behind a proxy, run uvicorn with --proxy-headers --forwarded-allow-ips.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("LOCKSTEP_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOCKSTEP_LOGIN_LOCKOUT_S", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Django's admin site is not served unless asked for (it shows no tenant model, but it is one
+# more sign-in form and one more surface); when on, its sign-in is counted the same way.
+ADMIN_ENABLED = env_bool("LOCKSTEP_ADMIN", False)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "clusters"
 LOGOUT_REDIRECT_URL = "login"
@@ -226,10 +241,12 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "api.filtersets.StrictOrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    # Bodies are JSON only (the browsable API posts JSON too): one format to read strictly.
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -243,6 +260,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.errors.document_errors"],
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

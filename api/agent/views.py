@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 
 from django.conf import settings
@@ -24,7 +23,7 @@ from api.agent.auth import node_for_credential
 from api.errors import error_response
 from console.commands import services as commands
 from console.commands import wakeup
-from console.core import scoping
+from console.core import limits, scoping
 from console.core.asyncdb import LoopSlots, NoSlot, run_db, run_db_for_delivery
 from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
 from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
@@ -79,10 +78,7 @@ def read_json(request, max_bytes: int, *, required: bool = True):
         if required:
             raise Invalid("The body is empty; send a JSON object.")
         return {}
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise Invalid(f"The body is not JSON: {exc}") from None
+    payload = limits.loads(body)  # strict: no NaN, bounded depth, storable text, 64-bit integers
     if not isinstance(payload, dict):
         raise Invalid("The body must be a JSON object.")
     return payload

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from api.serializers.base import StrictModelSerializer
 from console.commands import registry
 from console.commands.models import Command
 from console.fleet.models import Node
 
 
-class CommandSerializer(serializers.ModelSerializer):
+class CommandSerializer(StrictModelSerializer):
     # Resolved in the caller's tenant scope (the default manager): another tenant's node is "does not exist".
     node = serializers.PrimaryKeyRelatedField(queryset=Node.objects.all())
     type = serializers.CharField(max_length=64, help_text="A registered command type; see /api/v1/command-types/.")

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from api.serializers.base import StrictModelSerializer
 from console.fleet import services
-from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, NicKind, Node, NodeState, Switch
 from console.tenancy.models import Organization
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(StrictModelSerializer):
     # Resolved in the caller's tenant scope (the default manager): another tenant's id is "does not exist".
     organization = serializers.PrimaryKeyRelatedField(
         queryset=Organization.objects.all(), required=False,
@@ -34,7 +35,7 @@ class ClusterSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class NodeSerializer(serializers.ModelSerializer):
+class NodeSerializer(StrictModelSerializer):
     health = serializers.CharField(read_only=True)
     gpu_count = serializers.IntegerField(read_only=True, default=None)
 
@@ -47,7 +48,7 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class GpuSerializer(serializers.ModelSerializer):
+class GpuSerializer(StrictModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True)
     nearest_nic_name = serializers.CharField(source="nearest_nic.name", read_only=True, default=None)
 
@@ -59,8 +60,9 @@ class GpuSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NicSerializer(serializers.ModelSerializer):
+class NicSerializer(StrictModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True)
+    kind = serializers.ChoiceField(choices=[("", "not reported yet"), *NicKind.choices], read_only=True)
 
     class Meta:
         model = Nic
@@ -70,14 +72,14 @@ class NicSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SwitchSerializer(serializers.ModelSerializer):
+class SwitchSerializer(StrictModelSerializer):
     class Meta:
         model = Switch
         fields = ["id", "organization", "cluster", "name", "tier", "health", "updated"]
         read_only_fields = fields
 
 
-class LinkSerializer(serializers.ModelSerializer):
+class LinkSerializer(StrictModelSerializer):
     a = serializers.CharField(source="a_name", read_only=True)
     b = serializers.CharField(source="b_name", read_only=True)
 
@@ -88,7 +90,7 @@ class LinkSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EnrollmentTokenSerializer(serializers.ModelSerializer):
+class EnrollmentTokenSerializer(StrictModelSerializer):
     prefix = serializers.CharField(source="prefix_display", read_only=True)
     expires_in_s = serializers.IntegerField(
         write_only=True, required=False, min_value=int(services.ENROLLMENT_TOKEN_MIN_TTL.total_seconds()),

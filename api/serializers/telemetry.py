@@ -1,9 +1,10 @@
 from rest_framework import serializers
 
+from api.serializers.base import StrictModelSerializer
 from console.telemetry.models import TelemetryRecord
 
 
-class TelemetryRecordSerializer(serializers.ModelSerializer):
+class TelemetryRecordSerializer(StrictModelSerializer):
     seq = serializers.IntegerField(source="batch.seq", read_only=True)
 
     class Meta:

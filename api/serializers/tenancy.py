@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from console.tenancy.models import ApiToken, Membership, Organization, Role
+from api.serializers.base import StrictModelSerializer
+from console.tenancy.models import ApiToken, Invitation, Membership, Organization, Role
 from console.tenancy.scope import Scope
 
 
-class OrganizationSerializer(serializers.ModelSerializer):
+class OrganizationSerializer(StrictModelSerializer):
     role = serializers.SerializerMethodField(help_text="Your role in this organization.")
     # Names and slugs are unique across tenants: the service checks them (a scoped validator could not).
     name = serializers.CharField(max_length=100)
@@ -22,10 +23,11 @@ class OrganizationSerializer(serializers.ModelSerializer):
         return Scope.for_request(request).role_in(obj.pk) if request else None
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(StrictModelSerializer):
     # Resolved in the caller's tenant scope (the default manager): another tenant's id is "does not exist".
     organization = serializers.PrimaryKeyRelatedField(queryset=Organization.objects.all())
-    email = serializers.EmailField(write_only=True, required=False, help_text="The user to add (must have an account).")
+    email = serializers.EmailField(write_only=True, required=False, max_length=254,
+                                   help_text="Whom to invite: they join once they accept, signed in with this address.")
     role = serializers.ChoiceField(choices=Role.choices, default=Role.VIEWER)
     user = serializers.SerializerMethodField()
 
@@ -49,7 +51,16 @@ class MembershipSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class InvitationSerializer(StrictModelSerializer):
+    """What adding a member answers: the invitation, the same for any address."""
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "organization", "email", "role", "expires", "created"]
+        read_only_fields = fields
+
+
+class ApiTokenSerializer(StrictModelSerializer):
     organization = serializers.PrimaryKeyRelatedField(queryset=Organization.objects.all(), required=False)
     prefix = serializers.CharField(source="prefix_display", read_only=True)
     user = serializers.CharField(source="user.get_username", read_only=True)

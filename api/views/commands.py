@@ -27,7 +27,7 @@ class CommandViewSet(ScopedViewSetMixin, mixins.CreateModelMixin, mixins.ListMod
 
     @extend_schema(request=None, responses={200: CommandSerializer})
     @action(detail=True, methods=["post"])
-    def cancel(self, request, pk=None):
+    def cancel(self, request, pk=None, format=None):
         command = self.get_object()
         self.require_role(command.organization_id)
         return Response(self.get_serializer(services.cancel(command)).data)

@@ -84,7 +84,7 @@ class ClusterViewSet(ScopedModelViewSet):
                     "problem is refused as a whole (400, every problem listed) and nothing changes.",
     )
     @action(detail=True, methods=["get", "put"])
-    def topology(self, request, pk=None):
+    def topology(self, request, pk=None, format=None):
         cluster = self.get_object()
         if request.method == "GET":
             return Response(services.export_topology(cluster))
@@ -97,7 +97,7 @@ class ClusterViewSet(ScopedModelViewSet):
     )
     @extend_schema(methods=["GET"], responses={200: EnrollmentTokenSerializer(many=True)})
     @action(detail=True, methods=["get", "post"], url_path="enrollment-tokens", filterset_class=None)
-    def enrollment_tokens(self, request, pk=None):
+    def enrollment_tokens(self, request, pk=None, format=None):
         cluster = self.get_object()
         if request.method == "GET":
             tokens = EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")
@@ -126,7 +126,7 @@ class ClusterViewSet(ScopedModelViewSet):
         description="The equal-cost shortest paths (ECMP) between two NICs, as lists of link ids.",
     )
     @action(detail=True, methods=["get"], filterset_class=None)
-    def paths(self, request, pk=None):
+    def paths(self, request, pk=None, format=None):
         cluster = self.get_object()
         src, dst = request.query_params.get("src", ""), request.query_params.get("dst", "")
         try:
@@ -140,7 +140,7 @@ class ClusterViewSet(ScopedModelViewSet):
     @extend_schema(responses={200: dict}, description="Compact health of every element: the polling fallback "
                    "of the live map (same data the websocket pushes).")
     @action(detail=True, methods=["get"])
-    def status(self, request, pk=None):
+    def status(self, request, pk=None, format=None):
         return Response(cluster_status(self.get_object()))
 
 
@@ -163,22 +163,22 @@ class NodeViewSet(ScopedReadOnlyViewSet):
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
-    def drain(self, request, pk=None):
+    def drain(self, request, pk=None, format=None):
         return self._transition(request, services.drain)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
-    def undrain(self, request, pk=None):
+    def undrain(self, request, pk=None, format=None):
         return self._transition(request, services.undrain)
 
     @extend_schema(request=None, responses={200: NodeSerializer})
     @action(detail=True, methods=["post"])
-    def retire(self, request, pk=None):
+    def retire(self, request, pk=None, format=None):
         return self._transition(request, services.retire)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
     @action(detail=True, methods=["get"])
-    def inventory(self, request, pk=None):
+    def inventory(self, request, pk=None, format=None):
         return Response(self.get_object().inventory or {})
 
     @extend_schema(
@@ -187,7 +187,7 @@ class NodeViewSet(ScopedReadOnlyViewSet):
     )
     @extend_schema(methods=["GET"], responses={200: CommandSerializer(many=True)})
     @action(detail=True, methods=["get", "post"], filterset_class=None)
-    def commands(self, request, pk=None):
+    def commands(self, request, pk=None, format=None):
         node = self.get_object()
         if request.method == "GET":
             page = self.paginate_queryset(node.commands.order_by("-created"))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db.models import Q
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.response import Response
 
@@ -8,6 +9,7 @@ from api.filtersets import ApiTokenFilterSet, MembershipFilterSet
 from api.serializers.tenancy import (
     ApiTokenCreatedSerializer,
     ApiTokenSerializer,
+    InvitationSerializer,
     MembershipSerializer,
     OrganizationSerializer,
 )
@@ -38,7 +40,9 @@ class OrganizationViewSet(ScopedModelViewSet):
 
 
 class MembershipViewSet(ScopedModelViewSet):
-    """Members of your organizations and their roles. Owners add, change and remove members."""
+    """Members of your organizations and their roles. Owners invite, change and remove members:
+    POST invites the address (202, the same answer for any address); the person joins by
+    accepting on the console's Invitations page, signed in with that address."""
 
     model = Membership
     serializer_class = MembershipSerializer
@@ -49,10 +53,14 @@ class MembershipViewSet(ScopedModelViewSet):
     def scoped_queryset(self, queryset):
         return queryset.select_related("user")
 
-    def perform_create(self, serializer):
+    @extend_schema(responses={202: InvitationSerializer})
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         self.require_role(data["organization"].pk)
-        serializer.instance = services.add_member(data["organization"], data["email"], data["role"])
+        invitation = services.invite_member(data["organization"], data["email"], data["role"], request.user)
+        return Response(InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
 
     def perform_update(self, serializer):
         self.require_role(serializer.instance.organization_id)
@@ -88,6 +96,7 @@ class ApiTokenViewSet(ScopedViewSetMixin, mixins.CreateModelMixin, mixins.ListMo
         minted = services.mint_api_token(
             org_id, request.user, name=serializer.validated_data["name"],
             scope=serializer.validated_data.get("scope", "read"), expires=serializer.validated_data.get("expires"),
+            parent=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         minted.token.token = minted.plaintext
         return Response(ApiTokenCreatedSerializer(minted.token, context=self.get_serializer_context()).data,

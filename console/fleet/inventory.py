@@ -7,6 +7,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.core.errors import Invalid
+from console.core.limits import check_columns
 from console.core.models import Health
 from console.fleet.events import node_changed
 from console.fleet.models import Gpu, Nic, Node
@@ -59,7 +60,36 @@ def validate_inventory(doc) -> dict:
         _expect(pair, dict, f"affinity[{i}]", "an object")
         if pair.get("relation") not in RELATIONS:
             raise InventoryError(f"affinity[{i}].relation", f"must be one of {', '.join(RELATIONS)}")
+    _collected_at(doc)
+    check_columns(_column_checks(doc))
     return doc
+
+
+def _column_checks(doc: dict):
+    """The reported values bound for a column, with where they are in the document."""
+    host = doc.get("host", {})
+    if "hostname" in host:
+        yield "host.hostname", Node, "hostname", host["hostname"]
+    for i, gpu in enumerate(doc.get("gpus", [])):
+        yield f"gpus[{i}].index", Gpu, "index", gpu["index"]
+        for key in ("memory_bytes", "numa_node"):
+            if isinstance(gpu.get(key), int):
+                yield f"gpus[{i}].{key}", Gpu, key, gpu[key]
+    for i, nic in enumerate(doc.get("nics", [])):
+        for key in ("mtu", "numa_node"):
+            yield f"nics[{i}].{key}", Nic, key, nic.get(key)
+        if (nic.get("speed_mbps") or 0) > 0:  # 0 or -1: the kernel does not know the speed
+            yield f"nics[{i}].speed_mbps", Nic, "speed_mbps", nic["speed_mbps"]
+
+
+def _collected_at(doc: dict):
+    value = doc.get("collected_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_datetime(value)
+    except ValueError:  # well-formed but impossible: 2026-02-30, an offset beyond ±24 h
+        raise InventoryError("collected_at", f"{value!r} is not a valid time") from None
 
 
 def apply_inventory(node: Node, doc) -> dict:
@@ -69,10 +99,9 @@ def apply_inventory(node: Node, doc) -> dict:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
         node.facts = {key: host[key] for key in HOST_FACTS if key in host}
-        node.hostname = str(host.get("hostname", node.hostname))[:255]
+        node.hostname = str(host.get("hostname", node.hostname))
         node.inventory = doc
-        collected = parse_datetime(doc["collected_at"]) if isinstance(doc.get("collected_at"), str) else None
-        node.inventory_at = collected or timezone.now()
+        node.inventory_at = _collected_at(doc) or timezone.now()
         node.save(update_fields=["facts", "hostname", "inventory", "inventory_at", "updated"])
         nics = _apply_nics(node, doc.get("nics", []))
         gpus = _apply_gpus(node, doc.get("gpus", []), doc.get("affinity", []), nics)

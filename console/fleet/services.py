@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from console.core import scoping
 from console.core.errors import Conflict, Forbidden, Invalid, Unauthenticated
+from console.core.limits import check_columns
 from console.fleet.events import cluster_changed, node_changed
 from console.fleet.inventory import InventoryError, apply_inventory, validate_inventory
 from console.fleet.models import Cluster, EnrollmentToken, Node, NodeCredential, NodeState
@@ -216,7 +217,8 @@ def record_heartbeat(node: Node, status: dict, agent_version: str | None) -> dat
     now = timezone.now()
     fields = {"agent_status": status, "last_seen": now}
     if agent_version is not None and agent_version != node.agent_version:
-        fields["agent_version"] = agent_version[:50]
+        check_columns([("agent_version", Node, "agent_version", agent_version)])
+        fields["agent_version"] = agent_version
     Node.objects.filter(pk=node.pk).update(**fields)
     return now
 
@@ -299,6 +301,8 @@ def _clean_host(host) -> dict:
             raise Invalid(f"host.{key} is required: a string of 1..{limit} characters without spaces.",
                           field=f"host.{key}")
         facts[key] = value.strip()
+    # The hostname becomes the node's name, the shorter column.
+    check_columns([("host.hostname", Node, "name", facts["hostname"])])
     for key in OPTIONAL_FACTS:
         if key in host and isinstance(host[key], (str, int, float)) and not isinstance(host[key], bool):
             facts[key] = host[key] if not isinstance(host[key], str) else host[key][:255]

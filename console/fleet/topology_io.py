@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from console.core.limits import check_columns
 from console.fleet.events import cluster_changed
 from console.fleet.models import Cluster, Link, Nic, Node, Switch
 from console.live.publish import publish
@@ -41,6 +42,7 @@ def nic_device(nic_name: str, host: str) -> str:
 def import_topology(cluster: Cluster, document) -> ImportSummary:
     """Validate and store a topology document (raises TopologyError naming every problem)."""
     topology = parse_topology(document)
+    check_columns(_column_checks(topology))
     with transaction.atomic():
         Cluster.objects.select_for_update().filter(pk=cluster.pk).first()  # one import at a time
         summary = ImportSummary()
@@ -59,6 +61,22 @@ def import_topology(cluster: Cluster, document) -> ImportSummary:
         publish(cluster.organization_id, cluster.pk, "topology", {"id": cluster.pk, **summary.as_dict()})
         cluster_changed(cluster.organization_id, cluster.pk, topology_name=topology.name)
     return summary
+
+
+def _column_checks(topology: Topology):
+    """Every value of the document bound for a column, with where it is in the document."""
+    yield "name", Cluster, "topology_name", topology.name
+    for i, host in enumerate(topology.hosts):
+        yield f"hosts[{i}].name", Node, "name", host.name
+    for i, switch in enumerate(topology.switches):
+        yield f"switches[{i}].name", Switch, "name", switch.name
+        yield f"switches[{i}].tier", Switch, "tier", switch.tier
+    for i, nic in enumerate(topology.nics):
+        yield f"nics[{i}].name", Nic, "name", nic.name
+        yield f"nics[{i}].name", Nic, "device", nic_device(nic.name, nic.host)
+        yield f"nics[{i}].rail", Nic, "rail", nic.rail
+    for i, link in enumerate(topology.links):
+        yield f"links[{i}].id", Link, "name", link.id
 
 
 def _import_hosts(cluster: Cluster, topology: Topology, summary: ImportSummary) -> dict[str, Node]:
@@ -180,7 +198,9 @@ def export_topology(cluster: Cluster) -> dict:
     links = Link.objects.filter(cluster=cluster).order_by("position", "name")
     return {
         "format": FORMAT,
-        "name": cluster.topology_name or cluster.name,
+        # A cluster without a topology exports under its own name, made a topology name (no
+        # spaces), so the document always parses back (paths, re-import).
+        "name": cluster.topology_name or "-".join(cluster.name.split()) or "cluster",
         "hosts": [{"name": name} for name in hosts.values_list("name", flat=True)],
         "switches": [{"name": name, "tier": tier} for name, tier in switches.values_list("name", "tier")],
         "nics": [

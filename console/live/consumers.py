@@ -4,6 +4,11 @@ Client → `{"subscribe": ["o3", "o3.c12"]}`; server → `{"type": "subscribed",
 "denied": [...]}`. Access is checked per group at subscribe time; a group the user cannot see
 is denied exactly like one that does not exist. Events arrive as
 `{"type": "events", "group": "o3.c12", "events": [{"kind", "key", "data"}]}`.
+
+Access is checked again whenever the user's memberships change (a member removed, a role
+changed: `publish_access_changed` reaches the user's own group): the groups no longer visible
+are left and the client is told `{"type": "access_changed", "groups": [...], "dropped": [...]}`;
+a user left with no organization (or deactivated) has the socket closed with 4403.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console.live.groups import parse_group
+from console.live.groups import parse_group, user_group
 from console.live.publish import outbox
 
 MAX_GROUPS = 50
@@ -27,11 +32,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         outbox.bind_loop(asyncio.get_running_loop())
         self.groups_joined: set[str] = set()
+        self.access_group = user_group(user.pk)
+        await self.channel_layer.group_add(self.access_group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code) -> None:
         for group in getattr(self, "groups_joined", set()):
             await self.channel_layer.group_discard(group, self.channel_name)
+        if hasattr(self, "access_group"):
+            await self.channel_layer.group_discard(self.access_group, self.channel_name)
 
     async def receive_json(self, content, **kwargs) -> None:
         if not isinstance(content, dict):
@@ -62,12 +71,34 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 self.groups_joined.discard(group)
         await self.send_json({"type": "subscribed", "groups": sorted(self.groups_joined), "denied": []})
 
+    async def _recheck(self) -> None:
+        """The user's memberships changed: keep only the groups still visible."""
+        allowed, dropped = await self._check(sorted(self.groups_joined))
+        for group in dropped:
+            await self.channel_layer.group_discard(group, self.channel_name)
+            self.groups_joined.discard(group)
+        if not await self._has_organizations():
+            await self.close(code=4403)
+            return
+        await self.send_json({"type": "access_changed", "groups": sorted(self.groups_joined), "dropped": dropped})
+
+    @database_sync_to_async
+    def _has_organizations(self) -> bool:
+        return bool(self._fresh_scope().roles)
+
+    def _fresh_scope(self):
+        """The user's scope as the database says now (the socket's user object is from connect)."""
+        from django.contrib.auth import get_user_model
+
+        from console.tenancy.scope import Scope
+
+        return Scope.for_user(get_user_model().objects.filter(pk=self.scope["user"].pk).first())
+
     @database_sync_to_async
     def _check(self, names) -> tuple[list[str], list]:
         from console.fleet.models import Cluster
-        from console.tenancy.scope import Scope
 
-        scope = Scope.for_user(self.scope["user"])
+        scope = self._fresh_scope()
         allowed, denied = [], []
         with scope.active():  # the consumer's entry point: the user's organizations, nothing else
             for name in names:
@@ -83,5 +114,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         return allowed, denied
 
     async def live_events(self, message) -> None:
-        if message["group"] in self.groups_joined:
+        if message["group"] == self.access_group:
+            await self._recheck()
+        elif message["group"] in self.groups_joined:
             await self.send_json({"type": "events", "group": message["group"], "events": message["events"]})

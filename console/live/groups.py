@@ -1,4 +1,5 @@
-"""Channel-layer group names: `o<org>` for an organization, `o<org>.c<cluster>` for a cluster.
+"""Channel-layer group names: `o<org>` for an organization, `o<org>.c<cluster>` for a cluster,
+and `u<user>` for a user's own sockets (access changes; never subscribable by a client).
 
 Channels accepts `[A-Za-z0-9._-]` and fewer than 100 characters; ids keep names short and
 free of user text.
@@ -17,6 +18,10 @@ def organization_group(organization_id: int) -> str:
 
 def cluster_group(organization_id: int, cluster_id: int) -> str:
     return f"o{int(organization_id)}.c{int(cluster_id)}"
+
+
+def user_group(user_id: int) -> str:
+    return f"u{int(user_id)}"
 
 
 def parse_group(name: str) -> tuple[int, int | None] | None:

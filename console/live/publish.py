@@ -18,7 +18,7 @@ from functools import partial
 from django.conf import settings
 from django.db import transaction
 
-from console.live.groups import cluster_group, organization_group
+from console.live.groups import cluster_group, organization_group, user_group
 
 log = logging.getLogger(__name__)
 COALESCE_WINDOW_S = 0.1
@@ -31,6 +31,12 @@ def publish(organization_id: int, cluster_id: int | None, kind: str, data: dict,
     group = cluster_group(organization_id, cluster_id) if cluster_id else organization_group(organization_id)
     event = {"kind": kind, "key": key if key is not None else str(data.get("id", "")), "data": data}
     transaction.on_commit(partial(outbox.put, group, event))
+
+
+def publish_access_changed(user_id: int) -> None:
+    """Tell the user's open sockets, after commit, that their memberships changed: each one
+    re-checks the groups it joined (console.live.consumers)."""
+    transaction.on_commit(partial(outbox.put, user_group(user_id), {"kind": "access", "key": "", "data": {}}))
 
 
 class Outbox:

@@ -8,7 +8,7 @@ from django.db import models
 from console.core.models import OrganizationOwnedModel, TenantOwned, TimestampedModel
 from console.core.tokens import HashedToken
 
-__all__ = ["ApiToken", "Membership", "Organization", "Role", "TokenScope"]
+__all__ = ["ApiToken", "Invitation", "Membership", "Organization", "Role", "TokenScope"]
 
 
 class Role(models.TextChoices):
@@ -89,15 +89,59 @@ class Membership(TenantOwned, TimestampedModel):
         return f"{self.user} in {self.organization} ({self.role})"
 
 
+class Invitation(OrganizationOwnedModel):
+    """An owner's offer of a role to an e-mail address; a membership once its user accepts it.
+
+    Adding a member always makes one, whether or not an account has the address, so the answer
+    says nothing about other people's accounts, and nobody joins an organization without consent.
+    """
+
+    email = models.EmailField(
+        verbose_name="e-mail",
+        max_length=254,
+    )
+    role = models.CharField(
+        verbose_name="role",
+        max_length=16,
+        choices=Role.choices,
+        default=Role.VIEWER,
+    )
+    invited_by = models.ForeignKey(
+        to=settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="+",
+        verbose_name="invited by",
+    )
+    expires = models.DateTimeField(
+        verbose_name="expires",
+    )
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "email"], name="tenancy_invitation_unique_organization_email"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.organization_id} ({self.role})"
+
+
 class TokenScope(models.TextChoices):
     READ = "read", "Read"
     WRITE = "write", "Write"
+
+    @classmethod
+    def rank(cls, scope: str) -> int:
+        return {cls.READ: 1, cls.WRITE: 2}.get(scope, 0)
 
 
 class ApiToken(HashedToken, OrganizationOwnedModel):
     """A bearer token for the REST API, bound to one organization and acting for its creator.
 
-    It never grants more than its creator's current role, and `read` tokens never write.
+    It never grants more than its creator's current role, and `read` tokens never write. One
+    minted with another token (`parent`) expires no later than it, has no wider scope, and is
+    revoked with it.
     """
 
     PREFIX = "lst"
@@ -117,6 +161,17 @@ class ApiToken(HashedToken, OrganizationOwnedModel):
         max_length=8,
         choices=TokenScope.choices,
         default=TokenScope.READ,
+    )
+    # The token that minted this one (None when minted signed in): a child never outlives or
+    # out-ranks it, and is revoked with it.
+    parent = models.ForeignKey(
+        to="self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="children",
+        verbose_name="parent",
+        editable=False,
     )
 
     class Meta:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
@@ -17,8 +17,11 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from console.core import scoping
-from console.core.errors import Conflict, Invalid
-from console.tenancy.models import ApiToken, Membership, Organization, Role, TokenScope
+from console.core.errors import Conflict, Invalid, NotFound
+from console.live.publish import publish_access_changed
+from console.tenancy.models import ApiToken, Invitation, Membership, Organization, Role, TokenScope
+
+INVITATION_TTL = timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,52 @@ def create_organization_with_admin(name: str, admin_email: str, *, password: str
 
 # --- members ------------------------------------------------------------------------------------
 
-def add_member(organization: Organization, email: str, role: str) -> Membership:
-    user = get_user_model().objects.filter(email__iexact=email, is_active=True).first()
-    if user is None:
-        raise Invalid(f"No active user has the address {email!r}.", field="email")
-    if Membership.objects.filter(organization=organization, user=user).exists():
+def invite_member(organization: Organization, email: str, role: str, invited_by) -> Invitation:
+    """An invitation of `email` to `organization`, whether or not an account has the address
+    (the answer is the same either way); inviting the address again renews it with the new role.
+    Nobody becomes a member until they accept (`accept_invitation`)."""
+    email = email.strip().lower()
+    if Membership.objects.filter(organization=organization, user__email__iexact=email).exists():
         raise Conflict(f"{email} is already a member.", field="email")
-    return Membership.objects.create(organization=organization, user=user, role=role)
+    invitation, _ = Invitation.objects.update_or_create(
+        organization=organization, email=email,
+        defaults={"role": role, "invited_by": invited_by, "expires": timezone.now() + INVITATION_TTL},
+    )
+    return invitation
+
+
+def invitations_for(user) -> list[Invitation]:
+    """The open invitations addressed to the user's e-mail, of any organization."""
+    if not user.email:
+        return []
+    with scoping.unscoped("the invitations addressed to the signed-in user, whichever organization sent them"):
+        return list(Invitation.objects.filter(email__iexact=user.email, expires__gt=timezone.now())
+                    .select_related("organization"))
+
+
+def _invitation_for(user, invitation_id) -> Invitation:
+    found = next((i for i in invitations_for(user) if str(i.pk) == str(invitation_id)), None)
+    if found is None:  # another person's invitation is not found, like one that does not exist
+        raise NotFound("No such invitation for you.", field="invitation")
+    return found
+
+
+def accept_invitation(user, invitation_id) -> Membership:
+    """The user joins with the invited role; the invitation is used up."""
+    invitation = _invitation_for(user, invitation_id)
+    with scoping.for_organization(invitation.organization_id), transaction.atomic():
+        membership, created = Membership.objects.get_or_create(
+            organization_id=invitation.organization_id, user=user, defaults={"role": invitation.role})
+        invitation.delete()
+    if created:
+        publish_access_changed(user.pk)
+    return membership
+
+
+def decline_invitation(user, invitation_id) -> None:
+    invitation = _invitation_for(user, invitation_id)
+    with scoping.for_organization(invitation.organization_id):
+        invitation.delete()
 
 
 def change_role(membership: Membership, role: str) -> Membership:
@@ -119,6 +161,7 @@ def change_role(membership: Membership, role: str) -> Membership:
         _keep_an_owner(membership, new_role=role)
         membership.role = role
         membership.save(update_fields=["role", "updated"])
+        publish_access_changed(membership.user_id)
     return membership
 
 
@@ -126,6 +169,7 @@ def remove_member(membership: Membership) -> None:
     with transaction.atomic():
         _keep_an_owner(membership, new_role=None)
         membership.delete()
+        publish_access_changed(membership.user_id)
 
 
 def _keep_an_owner(membership: Membership, new_role) -> None:
@@ -139,14 +183,34 @@ def _keep_an_owner(membership: Membership, new_role) -> None:
 # --- API tokens ---------------------------------------------------------------------------------
 
 def mint_api_token(organization_id: int, user, *, name: str, scope: str = TokenScope.READ,
-                   expires: datetime | None = None) -> MintedApiToken:
+                   expires: datetime | None = None, parent: ApiToken | None = None) -> MintedApiToken:
+    """A new token. Minted with another token (`parent`), it is bound by it: same organization,
+    no wider scope, an expiry no later than the parent's (the parent's when none is asked)."""
     if expires is not None and expires <= timezone.now():
         raise Invalid("The expiry must be in the future.", field="expires")
-    token = ApiToken(organization_id=organization_id, user=user, name=name, scope=scope, expires=expires)
+    if parent is not None:
+        if parent.organization_id != organization_id:
+            raise Invalid("A token mints tokens of its own organization only.", field="organization")
+        if TokenScope.rank(scope) > TokenScope.rank(parent.scope):
+            raise Invalid(f"A token of the {parent.scope} scope cannot mint one of the {scope} scope.", field="scope")
+        if parent.expires is not None:
+            if expires is None:
+                expires = parent.expires
+            elif expires > parent.expires:
+                raise Invalid(f"The expiry must not be later than the minting token's ({parent.expires.isoformat()}).",
+                              field="expires")
+    token = ApiToken(organization_id=organization_id, user=user, name=name, scope=scope, expires=expires,
+                     parent=parent)
     plaintext = token.set_new_secret()
     token.save()
     return MintedApiToken(token, plaintext)
 
 
 def revoke_api_token(token: ApiToken) -> None:
-    token.revoke()
+    """Revoke the token and every token minted from it, at any depth."""
+    with transaction.atomic():
+        token.revoke()
+        generation = [token.pk]
+        while generation:
+            ApiToken.objects.filter(parent_id__in=generation, revoked_at__isnull=True).update(revoked_at=token.revoked_at)
+            generation = list(ApiToken.objects.filter(parent_id__in=generation).values_list("pk", flat=True))

@@ -10,6 +10,7 @@ urlpatterns = [
          name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("organizations/switch/", views.switch_organization, name="switch-organization"),
+    path("invitations/", views.invitations, name="invitations"),
     path("clusters/", views.clusters, name="clusters"),
     path("clusters/<int:pk>/", views.cluster, name="cluster"),
     path("clusters/<int:pk>/status.json", views.cluster_status_json, name="cluster-status"),

@@ -24,6 +24,7 @@ from console.fleet import services
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
 from console.live.groups import cluster_group, organization_group
+from console.tenancy import services as tenancy
 from console.tenancy.models import Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY, Scope
 from console.web.maps import cluster_map, map_status
@@ -186,3 +187,26 @@ def revoke_enrollment_token(request, pk: int, token_pk: int):
 def cluster_status_json(request, pk: int):
     cluster = _cluster_or_404(request, pk)
     return JsonResponse(map_status(cluster, cluster_map(cluster)))
+
+
+@tenant_view
+@require_http_methods(["GET", "HEAD", "POST"])
+def invitations(request):
+    """The invitations addressed to the signed-in user; accepting one makes them a member."""
+    if request.method == "POST":
+        invitation_id, action = request.POST.get("invitation", ""), request.POST.get("action", "")
+        if action not in ("accept", "decline"):
+            messages.error(request, "Choose accept or decline.")
+            return redirect("invitations")
+        try:
+            if action == "accept":
+                membership = tenancy.accept_invitation(request.user, invitation_id)
+                request.session[SESSION_ORGANIZATION_KEY] = membership.organization_id
+                messages.success(request, f"You joined as {membership.role}.")
+                return redirect("clusters")
+            tenancy.decline_invitation(request.user, invitation_id)
+        except DomainError as exc:
+            raise Http404(exc.detail) from None
+        messages.info(request, "Invitation declined.")
+        return redirect("invitations")
+    return render(request, "web/invitations.html", {"invitations": tenancy.invitations_for(request.user)})

@@ -390,6 +390,7 @@ PAGES_WITHOUT_OBJECTS = {
     "logout": "signs out",
     "switch-organization": "a foreign or bogus organization answers 404 (test_web)",
     "clusters": "lists the active organization's clusters only (test_web)",
+    "invitations": "lists and accepts only invitations addressed to the user's e-mail (test_members)",
     "metrics": "a token or an allowed network only (test_metrics)",
     "install-script": "public: the installer, no tenant data",
     "agent-package": "public: the agent package and its checksum",

@@ -93,3 +93,68 @@ def test_creating_a_token_shows_the_secret_once(world):
     assert body["token"].startswith("lst_") and body["organization"] == world.acme.pk
     listed = client.get(f"/api/v1/tokens/{body['id']}/").json()
     assert "token" not in listed and listed["prefix"] == body["token"].split(".")[0]
+
+
+# --- tokens minted by tokens (issue 9, finding 5) ------------------------------------------------
+
+
+def _bearer(plaintext: str):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return client
+
+
+def _mint(client, **body):
+    return client.post("/api/v1/tokens/", {"name": "child", **body}, format="json")
+
+
+def test_a_token_minted_by_a_token_dies_with_its_parent_at_any_depth(world):
+    parent_plaintext = world.token("alice")
+    parent = _bearer(parent_plaintext)
+    child = _mint(parent, scope="write")
+    assert child.status_code == 201, child.content
+    grandchild = _mint(_bearer(child.json()["token"]), scope="write")
+    assert grandchild.status_code == 201, grandchild.content
+    parent_id = ApiToken.lookup(parent_plaintext).pk
+
+    assert parent.delete(f"/api/v1/tokens/{parent_id}/").status_code == 204
+    for minted in (child, grandchild):
+        response = _bearer(minted.json()["token"]).get("/api/v1/clusters/")
+        assert response.status_code == 401 and "revoked" in response.json()["detail"]
+
+
+def test_a_child_token_never_outlives_its_parent(world):
+    parent_expires = timezone.now() + timedelta(days=2)
+    plaintext = tenancy_mint(world, "alice", expires=parent_expires)
+    parent = _bearer(plaintext)
+
+    inherited = _mint(parent, scope="write")
+    assert inherited.status_code == 201
+    assert inherited.json()["expires"] == parent_expires.isoformat().replace("+00:00", "Z")
+
+    later = _mint(parent, scope="write", expires=(parent_expires + timedelta(days=1)).isoformat())
+    assert later.status_code == 400 and "expires" in later.json()["fields"]
+    assert ApiToken.objects.filter(name="child").count() == 1
+
+
+def test_a_read_token_cannot_mint_a_write_token(world):
+    response = _mint(_bearer(world.token("alice", scope="read")), scope="write")
+    # a read token writes nothing at all, so it cannot mint either; a write token minting read is fine
+    assert response.status_code == 403
+    assert _mint(_bearer(world.token("alice")), scope="read").status_code == 201
+
+
+def test_an_expiry_in_the_past_is_refused(world):
+    response = _mint(world.session("alice"), expires=(timezone.now() - timedelta(minutes=1)).isoformat())
+    assert response.status_code == 400 and response.json()["fields"]["expires"]
+    assert not ApiToken.objects.filter(name="child").exists()
+
+
+def tenancy_mint(world, name: str, **kwargs) -> str:
+    from console.tenancy import services
+
+    user = world.users[name]
+    organization = Membership.objects.filter(user=user).first().organization
+    return services.mint_api_token(organization.pk, user, name=f"{name}-parent", scope="write", **kwargs).plaintext
