@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters as filters
 
+from console.audits.models import AuditRun, RunState, Verdict
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.telemetry.models import TelemetryRecord
@@ -86,3 +87,12 @@ class TelemetryRecordFilterSet(filters.FilterSet):
     class Meta:
         model = TelemetryRecord
         fields = ["cluster", "node", "kind", "since", "until"]
+
+
+class AuditRunFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=RunState.choices)
+    verdict = filters.MultipleChoiceFilter(choices=Verdict.choices)
+
+    class Meta:
+        model = AuditRun
+        fields = ["cluster", "state", "verdict", "trigger"]

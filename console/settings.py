@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "console.live",
     "console.agentdist",
     "console.web",
+    "console.audits",
     "api",
 ]
 
@@ -174,6 +175,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     "requeue-expired-commands": {
         "task": "console.commands.tasks.requeue_expired_commands",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
+    "advance-audits": {
+        "task": "console.audits.tasks.advance_audits",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_AUDIT_TICK_S", 2)),
+    },
+    "start-scheduled-audits": {
+        "task": "console.audits.tasks.start_scheduled_audits",
         "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
     },
 }
