@@ -20,6 +20,7 @@ Everything runs in the caller's tenant scope.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from datetime import timedelta
@@ -183,22 +184,31 @@ def _cancel_open_commands(run: AuditRun) -> None:
     ids = [i for pair in AuditNode.objects.filter(run=run).values_list("check_command_id", "load_command_id")
            for i in pair if i]
     for command in Command.objects.filter(pk__in=ids, state__in=OPEN_STATES):
-        try:
+        with contextlib.suppress(Conflict):  # completed meanwhile
             commands.cancel(command)
-        except Conflict:  # completed meanwhile
-            pass
 
 
 # --- the node phase -----------------------------------------------------------------------------
 
-def _fabric_mtu(cluster: Cluster) -> int | None:
-    """The MTU most of the fabric's NICs report: what every fabric NIC must have."""
-    mtus = Counter(m for m in Nic.objects.filter(cluster=cluster, in_topology=True, mtu__isnull=False)
-                   .values_list("mtu", flat=True))
-    if not mtus:
+def _majority(values) -> int | None:
+    counts = Counter(v for v in values if v)
+    if not counts:
         return None
-    mtu, count = mtus.most_common(1)[0]
-    return mtu if count * 2 > sum(mtus.values()) else None
+    value, count = counts.most_common(1)[0]
+    return value if count * 2 > sum(counts.values()) else None
+
+
+def _fabric_nics(cluster: Cluster) -> dict[int, list[dict]]:
+    """Per node, its fabric NICs as the node checks expect them: the topology's NICs, each at the
+    MTU and speed most of the fabric's NICs report (an MTU or a speed is the fabric's, not a NIC's)."""
+    nics = list(Nic.objects.filter(cluster=cluster, in_topology=True).exclude(device="")
+                .values("node_id", "device", "rail", "mtu", "speed_mbps"))
+    mtu, speed = _majority(n["mtu"] for n in nics), _majority(n["speed_mbps"] for n in nics)
+    out: dict[int, list[dict]] = {}
+    for n in nics:
+        want = {"device": n["device"], "rail": n["rail"], "mtu": mtu, "speed_mbps": speed}
+        out.setdefault(n["node_id"], []).append({k: v for k, v in want.items() if v is not None})
+    return out
 
 
 def _start_node_phase(run: AuditRun, nodes: list[Node]) -> None:
@@ -206,9 +216,7 @@ def _start_node_phase(run: AuditRun, nodes: list[Node]) -> None:
     args = {"sections": options["sections"], "listen_ms": options["listen_ms"]}
     if options.get("hardware"):
         args["hardware"] = options["hardware"]
-    mtu = _fabric_mtu(run.cluster)
-    if mtu:
-        args["mtu"] = mtu
+    fabric_nics = _fabric_nics(run.cluster)
     rows = []
     for node in nodes:
         row = AuditNode(organization_id=run.organization_id, cluster_id=run.cluster_id, run=run, node=node)
@@ -217,7 +225,8 @@ def _start_node_phase(run: AuditRun, nodes: list[Node]) -> None:
             seen = f", last seen {node.last_seen:%Y-%m-%d %H:%M:%S} UTC" if node.last_seen else ""
             row.reason = f"unreachable: the node is {node.state}{seen}"
         else:
-            command, _ = commands.issue_command(node, "audit.node", args, idempotency_key=f"audit-{run.pk}-node",
+            node_args = args | ({"nics": fabric_nics[node.pk]} if node.pk in fabric_nics else {})
+            command, _ = commands.issue_command(node, "audit.node", node_args, idempotency_key=f"audit-{run.pk}-node",
                                                 timeout_s=options["node_timeout_s"])
             row.check_command = command
         rows.append(row)

@@ -45,7 +45,7 @@ class Site:
         fleet.import_topology(self.cluster, topology())
         token = make_enrollment_token(self.cluster, max_uses=10)
         self.nodes, self.credentials = {}, {}
-        for i, host in enumerate(HOSTS):
+        for host in HOSTS:
             enrolled = fleet.enroll(token, {"hostname": host, "machine_id": f"{name}-{host}"})
             fleet.apply_inventory(enrolled.node, inventory_doc(host, f"{name}-{host}"))
             fleet.mark_seen(enrolled.node)
@@ -95,7 +95,9 @@ def test_an_audit_checks_every_node_and_names_the_failing_gpu_and_why(world, sit
     run_id = response.json()["id"]
     assert response.json()["state"] == "running" and response.json()["phase"] == "nodes"
     commands = Command.objects.filter(cluster=site.cluster, type="audit.node")
-    assert commands.count() == 3 and commands.first().args["mtu"] == 9000  # the fabric's MTU, from the inventory
+    assert commands.count() == 3  # the fabric NICs, at the fabric's MTU and speed (from the inventory):
+    assert commands.get(node=site.nodes["gpu-a"]).args["nics"] == [{"device": "nic0", "rail": 0, "mtu": 9000,
+                                                                    "speed_mbps": 400000}]
     site.answer(run_id, "gpu-a", healthy("gpu-a"))
     site.answer(run_id, "gpu-b", remapped("gpu-b"))
     advance_audits()
@@ -185,7 +187,7 @@ def test_start_is_idempotent_and_a_second_audit_of_the_same_nodes_is_refused(wor
 
 
 @pytest.mark.django_db
-def test_bad_options_and_nodes_are_named_and_nothing_starts(world, site, world_other=None):
+def test_bad_options_and_nodes_are_named_and_nothing_starts(world, site):
     response = start(world, site, options={"load_duration_s": 0, "colour": "red"})
     assert response.status_code == 400
     assert set(response.json()["fields"]) == {"options.load_duration_s", "options.colour"}
