@@ -203,13 +203,15 @@ class NodeViewSet(ScopedReadOnlyViewSet):
     def retire(self, request, pk=None):
         return self._transition(request, services.retire)
 
-    @extend_schema(request=None, responses={202: AuditRunSerializer},
-                   description="Audit a draining node; it returns to ready only if it passes (undrain: at once).")
+    @extend_schema(request=AuditStartSerializer, responses={202: AuditRunSerializer},
+                   description="Audit a draining node (`options` as for a cluster's audit); it returns to ready "
+                               "only if it passes (undrain: at once, no audit).")
     @action(detail=True, methods=["post"], url_path="return-to-service")
     def return_to_service(self, request, pk=None):
         node = self.get_object()
         self.require_role(node.organization_id)
-        run = audits.return_to_service(node, user=request.user)
+        options = request.data.get("options") if isinstance(request.data, dict) else None
+        run = audits.return_to_service(node, user=request.user, options=options)
         return Response(AuditRunSerializer(AuditRun.objects.get(pk=run.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")

@@ -8,7 +8,7 @@ Brings up the fabric (``testbed.Fabric``: namespaces, leaf-spine, 8 hosts per le
 console (``manage.py serve`` on a fresh SQLite database in a temporary directory; periodic tasks
 in-process) and a real agent per host with the NVML fake (8 H100s each), enrolled in it; injects
 each ``--inject`` (the arguments of ``python -m testbed fault``, names as in the generated
-topology); runs a full audit through the REST API (node checks ``gpu`` and ``nic``, then every
+topology); runs a full audit through the REST API (node checks ``gpu``, then every
 link loaded at once and localized); writes the findings as a ``lockstep.verdict/v1`` document with
 the timings and the ground truth to ``--json``; tears everything down.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-OPTIONS = {"sections": ["gpu", "nic"], "listen_ms": 10, "load_duration_s": 3.0, "rate_mbit": 2.0,
+OPTIONS = {"sections": ["gpu"], "listen_ms": 10, "load_duration_s": 3.0, "rate_mbit": 2.0,
            "flows_per_nic": 8, "node_timeout_s": 120}
 # the NVML fake's defects the gpu section fails on (pcie-gen4-x8 needs the pcie section's PCI tree;
 # persistence-off is a warning, not a culprit)

@@ -38,7 +38,7 @@ def audits(request, pk: int):
         except DomainError as exc:
             messages.error(request, exc.detail)
             return redirect("audits", pk=cluster.pk)
-        return redirect("audit", pk=run.pk)
+        return redirect("audit", audit_pk=run.pk)
     runs = AuditRun.objects.filter(cluster=cluster).order_by("-created")[:RUNS_SHOWN]
     return render(request, "audits/runs.html", {
         "cluster": cluster,
@@ -50,8 +50,8 @@ def audits(request, pk: int):
 
 @tenant_view
 @require_GET
-def audit(request, pk: int):
-    run = _run_or_404(pk)
+def audit(request, audit_pk: int):
+    run = _run_or_404(audit_pk)
     return render(request, "audits/run.html", report.context(run) | {
         "can_write": Scope.for_request(request).can(run.organization_id, Role.OPERATOR),
         "live_groups": [cluster_group(run.organization_id, run.cluster_id)],
@@ -60,21 +60,21 @@ def audit(request, pk: int):
 
 @tenant_view
 @require_POST
-def cancel_audit(request, pk: int):
-    run = _run_or_404(pk)
+def cancel_audit(request, audit_pk: int):
+    run = _run_or_404(audit_pk)
     _require_operator(request, run.organization_id)
     try:
         services.cancel(run)
         messages.success(request, f"Audit {run.pk} cancelled.")
     except DomainError as exc:
         messages.error(request, exc.detail)
-    return redirect("audit", pk=run.pk)
+    return redirect("audit", audit_pk=run.pk)
 
 
 @tenant_view
 @require_GET
-def audit_pdf(request, pk: int):
-    run = _run_or_404(pk)
+def audit_pdf(request, audit_pk: int):
+    run = _run_or_404(audit_pk)
     response = HttpResponse(report.pdf(run), content_type="application/pdf")
     response["Content-Disposition"] = f'attachment; filename="audit-{run.pk}.pdf"'
     return response

@@ -16,7 +16,7 @@ urlpatterns = [
     path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
          name="revoke-enrollment-token"),
     path("clusters/<int:pk>/audits/", audits.audits, name="audits"),
-    path("audits/<int:pk>/", audits.audit, name="audit"),
-    path("audits/<int:pk>/cancel/", audits.cancel_audit, name="audit-cancel"),
-    path("audits/<int:pk>/report.pdf", audits.audit_pdf, name="audit-pdf"),
+    path("audits/<int:audit_pk>/", audits.audit, name="audit"),
+    path("audits/<int:audit_pk>/cancel/", audits.cancel_audit, name="audit-cancel"),
+    path("audits/<int:audit_pk>/report.pdf", audits.audit_pdf, name="audit-pdf"),
 ]
