@@ -252,6 +252,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # an audit's state is not a node's or a command's
+    "ENUM_NAME_OVERRIDES": {"AuditRunStateEnum": "console.audits.models.RunState"},
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

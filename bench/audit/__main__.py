@@ -25,6 +25,7 @@ import os
 import platform
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,7 @@ def _setup_django(db_path: Path) -> None:
     os.environ.pop("DATABASE_URL", None)
     os.environ.pop("REDIS_URL", None)
     os.environ["SQLITE_PATH"] = str(db_path)
+    os.environ["LOCKSTEP_VAR_DIR"] = str(db_path.parent)  # the console's secret key lives there: the same for both
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
     from django.core.management import call_command
@@ -62,6 +64,7 @@ def _seed(topology: dict) -> tuple[int, str, str]:
     from console.core import scoping
     from console.fleet import services as fleet
     from console.tenancy import services as tenancy
+    from console.tenancy.models import TokenScope
 
     user = get_user_model().objects.create_user("bench", password="bench-audit")  # noqa: S106  (throwaway DB)
     organization = tenancy.create_organization("Bench", user, slug="bench")
@@ -69,7 +72,7 @@ def _seed(topology: dict) -> tuple[int, str, str]:
         cluster = fleet.create_cluster(organization.pk, "bench-cluster")
         fleet.import_topology(cluster, topology)
         enrollment = fleet.mint_enrollment_token(cluster, max_uses=None).plaintext
-        api = tenancy.mint_api_token(organization.pk, user, name="bench").plaintext
+        api = tenancy.mint_api_token(organization.pk, user, name="bench", scope=TokenScope.WRITE).plaintext
     return cluster.pk, enrollment, api
 
 
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default=f"ba{os.getpid() % 100000}")
     parser.add_argument("--json", metavar="OUT", help="write the result here")
     args = parser.parse_args(argv)
+    # a SIGTERM (a timeout) unwinds like Ctrl-C, so the fabric, the agents and the console go down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from testbed import Fabric, generate, nvmlshim
     from testbed.consolestack import ConsoleStack

@@ -21,6 +21,7 @@ Everything runs in the caller's tenant scope.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import Counter
 from datetime import timedelta
@@ -64,7 +65,7 @@ OPTIONS = {
     "node_timeout_s": (int, 120, 5, 600, "how long a node has to answer its checks"),
     "load": (bool, True, None, None, "load every link at once (needs every host of the topology)"),
     "load_duration_s": (float, 4.0, 1.0, 120.0, "how long the fabric is loaded"),
-    "load_lead_s": (float, 3.0, 1.0, 60.0, "how far ahead the load's common start is set"),
+    "load_lead_s": (float, 5.0, 1.0, 60.0, "how far ahead the load's common start is set"),
     "rate_mbit": (float, 2.0, 0.1, 10000.0, "offered rate per flow"),
     "flows_per_nic": (int, 8, 1, 64, "flows each NIC sends (and about as many it receives)"),
     "packet_bytes": (int, 1400, 64, 9000, "UDP payload of the load: at the fabric's MTU it finds MTU mismatches"),
@@ -351,20 +352,28 @@ def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
 
 
 def _fabric_verdict(run: AuditRun, rows: list[AuditNode], topology) -> dict:
+    """The loaded fabric's culprits. Only the windows after the last agent started count (a late
+    start is the console's or the machine's delay, not loss); an agent that started after the
+    load ended, or did not answer, is silent: its pairs are not measured (a warning, not a pass)."""
     from workers.trafficplan.plan import plan_traffic
-    from workers.trafficplan.windows import observations
+    from workers.trafficplan.windows import combine, observations
     from workers.triangulation import triangulate
 
     plan = plan_traffic(topology, flows_per_nic=run.options["flows_per_nic"], ports_per_pair=2)  # deterministic
+    window_s, duration = 1.0, run.options["load_duration_s"]
     results = {r.node.name: r.load_command.result for r in rows
                if r.load_command is not None and r.load_command.state == CommandState.SUCCEEDED
-               and isinstance(r.load_command.result, dict)}
-    merged = observations(plan, results)
+               and isinstance(r.load_command.result, dict)
+               and r.load_command.result.get("started_late_s", 0) < duration - window_s}
     silent = sorted(r.node.name for r in rows if r.load_command is not None and r.node.name not in results)
-    if merged["total"] is None or not merged["total"]["probes"]:
-        return {"culprits": [], "pairs": [], "missing": merged["missing"], "silent": silent}
-    verdict = triangulate(topology, merged["total"]).to_document()
-    return verdict | {"pairs": merged["total"]["probes"], "missing": merged["missing"], "silent": silent}
+    merged = observations(plan, results)
+    late = max((r.get("started_late_s", 0) for r in results.values()), default=0)
+    window = combine(merged["windows"][math.ceil(late / window_s):])
+    base = {"pairs": window["probes"] if window else [], "missing": merged["missing"], "silent": silent,
+            "started_late_s": round(late, 3), "windows_used": len(merged["windows"]) - math.ceil(late / window_s)}
+    if window is None or not window["probes"]:
+        return base | {"culprits": []}
+    return triangulate(topology, window).to_document() | base
 
 
 # --- advancing ----------------------------------------------------------------------------------

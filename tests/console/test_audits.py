@@ -179,7 +179,7 @@ def test_start_is_idempotent_and_a_second_audit_of_the_same_nodes_is_refused(wor
     again = start(world, site, idempotency_key="handover-1")
     assert first.status_code == 201 and again.status_code == 200 and again.json()["id"] == first.json()["id"]
     refused = start(world, site)
-    assert refused.status_code == 409
+    assert refused.status_code == 409 and refused.json()["error"] == "audit_running"
     assert refused.json()["fields"]["nodes"] == (f"Audit {first.json()['id']} is already running on gpu-a, gpu-b, "
                                                  "gpu-c: wait for it to finish or cancel it.")
     assert AuditRun.objects.filter(cluster=site.cluster).count() == 1
