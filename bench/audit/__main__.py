@@ -36,7 +36,7 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-OPTIONS = {"sections": ["gpu"], "listen_ms": 10, "load_duration_s": 3.0, "rate_mbit": 2.0,
+OPTIONS = {"sections": ["gpu"], "listen_ms": 10, "load_duration_s": 4.0, "load_lead_s": 8.0, "rate_mbit": 2.0,
            "flows_per_nic": 8, "node_timeout_s": 120}
 # the NVML fake's defects the gpu section fails on (pcie-gen4-x8 needs the pcie section's PCI tree;
 # persistence-off is a warning, not a culprit)
