@@ -62,3 +62,10 @@ def test_pairs_not_measured_under_load_are_a_warning():
     doc = compose({"a": node("a")}, fabric={"culprits": [], "pairs": [],
                                              "missing": [{"src": "a/nic0", "dst": "b/nic0", "missing": "receiver"}]})
     assert doc["status"] == "warn" and doc["findings"][0]["code"] == "LOCKSTEP_FR_LOAD_NOT_MEASURED"
+
+
+def test_a_weakly_localized_fabric_element_is_a_warning_not_a_culprit():
+    fabric = {"culprits": [{"kind": "host", "name": "b", "confidence": 0.53}], "pairs": [], "missing": []}
+    doc = compose({"a": node("a"), "b": node("b")}, fabric=fabric)
+    assert doc["status"] == "warn" and doc["culprits"] == []
+    assert doc["findings"][0]["status"] == "warn" and "may lose or delay" in doc["findings"][0]["message"]
