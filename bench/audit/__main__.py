@@ -36,7 +36,7 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-OPTIONS = {"sections": ["gpu"], "listen_ms": 10, "load_duration_s": 4.0, "load_lead_s": 8.0, "rate_mbit": 2.0,
+OPTIONS = {"sections": ["gpu"], "listen_ms": 10, "load_duration_s": 4.0, "rate_mbit": 2.0,
            "flows_per_nic": 8, "node_timeout_s": 120}
 # the NVML fake's defects the gpu section fails on (pcie-gen4-x8 needs the pcie section's PCI tree;
 # persistence-off is a warning, not a culprit)
@@ -103,13 +103,18 @@ def _inject(fab, spec: str) -> None:
         raise SystemExit(f"--inject {spec!r}: {proc.stderr.strip() or proc.stdout.strip()}")
 
 
-def _audit(api: requests.Session, base: str, cluster_id: int, timeout: float) -> tuple[dict, dict, float]:
+def _audit(api: requests.Session, base: str, cluster_id: int, options: dict,
+           timeout: float) -> tuple[dict, dict, float]:
     t0 = time.monotonic()
-    response = api.post(f"{base}/api/v1/clusters/{cluster_id}/audits/", json={"options": OPTIONS}, timeout=60)
+    response = api.post(f"{base}/api/v1/clusters/{cluster_id}/audits/", json={"options": options}, timeout=60)
     response.raise_for_status()
     run_id = response.json()["id"]
-    run = _wait(lambda: (r := api.get(f"{base}/api/v1/audits/{run_id}/", timeout=30).json())["state"] != "running"
-                and r, timeout, f"audit {run_id}")
+    def finished():
+        answer = api.get(f"{base}/api/v1/audits/{run_id}/", timeout=30)
+        # SQLite under this load answers "database is locked" now and then: ask again
+        return answer.ok and answer.json()["state"] != "running" and answer.json()
+
+    run = _wait(finished, timeout, f"audit {run_id}")
     wall = time.monotonic() - t0
     return run, api.get(f"{base}/api/v1/audits/{run_id}/report/", timeout=30).json(), wall
 
@@ -168,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"format": "lockstep.bench.audit/v1", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  "machine": {"node": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg(),
                              "python": platform.python_version()},
-                 "hosts": args.hosts, "rails": args.rails, "options": OPTIONS}
+                 "hosts": args.hosts, "rails": args.rails,
+                 # the common start far enough ahead that every agent has its command (0.5 s a host
+                 # here, where 2 cores run every agent, the console and the load)
+                 "options": OPTIONS | {"load_lead_s": max(8.0, 0.5 * args.hosts)}}
     api = requests.Session()
     api.headers["Authorization"] = f"Bearer {api_token}"
     try:
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 for spec in injected:
                     _inject(fab, spec)
                 truth = [c for c in fab.ground_truth()["culprits"]]
-                run, report, wall = _audit(api, stack.url, cluster_id, args.timeout)
+                run, report, wall = _audit(api, stack.url, cluster_id, out["options"], args.timeout)
                 found = report.get("verdict") or {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": []}
                 t, f = {_key(c) for c in truth}, {_key(c) for c in found["culprits"]}
                 trials.append({"injected": injected, "truth": truth, "verdict": found, "status": run["verdict"],
