@@ -9,6 +9,7 @@ from django import forms
 from rest_framework import exceptions
 from rest_framework.filters import OrderingFilter
 
+from console.audits.models import AuditRun, RunState, Verdict
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.telemetry.models import TelemetryRecord
@@ -154,3 +155,12 @@ class TelemetryRecordFilterSet(StrictFilterSet):
     class Meta:
         model = TelemetryRecord
         fields = ["cluster", "node", "kind", "since", "until"]
+
+
+class AuditRunFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=RunState.choices)
+    verdict = filters.MultipleChoiceFilter(choices=Verdict.choices)
+
+    class Meta:
+        model = AuditRun
+        fields = ["cluster", "state", "verdict", "trigger"]

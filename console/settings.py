@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "console.live",
     "console.agentdist",
     "console.web",
+    "console.audits",
     "api",
     "axes",
 ]
@@ -178,6 +179,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.commands.tasks.requeue_expired_commands",
         "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
     },
+    "advance-audits": {
+        "task": "console.audits.tasks.advance_audits",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_AUDIT_TICK_S", 2)),
+    },
+    "start-scheduled-audits": {
+        "task": "console.audits.tasks.start_scheduled_audits",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
 }
 
 # --- auth, sessions, security ---------------------------------------------------------------
@@ -261,6 +270,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.errors.document_errors"],
+    # an audit's state is not a node's or a command's
+    "ENUM_NAME_OVERRIDES": {"AuditRunStateEnum": "console.audits.models.RunState"},
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

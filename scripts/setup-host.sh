@@ -9,9 +9,10 @@
 #   chromium, chromium-driver   headless browser tests of the console pages
 #   chrony           the clock-sync benchmark runs chronyd (measurement only, -x) beside Lockstep in namespaces
 #   gcc, make, libc6-dev   `make native`: the probe mesh's helper (agent/probemesh/native/)
+#   libpango-1.0-0, libpangoft2-1.0-0   WeasyPrint renders the audit reports as PDF with them
 # Without root it only reports what is missing; the tests that need a missing part skip and say so.
 set -eu
-PACKAGES="iproute2 nftables iputils-ping util-linux curl shellcheck chromium chromium-driver chrony gcc make libc6-dev"
+PACKAGES="iproute2 nftables iputils-ping util-linux curl shellcheck chromium chromium-driver chrony gcc make libc6-dev libpango-1.0-0 libpangoft2-1.0-0"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+from console.audits import services as audit_services
+from console.audits.models import AuditRun
 from console.commands import services as command_services
 from console.commands.models import Command
 from console.fleet import services as fleet_services
@@ -67,6 +69,7 @@ class Fleet:
     link: Link
     command: Command
     record: TelemetryRecord
+    audit: AuditRun
 
 
 def make_fleet(organization, name: str = "cluster") -> Fleet:
@@ -80,6 +83,9 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     command, _ = command_services.issue_command(node, "node.health", {})
     ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}}]},
            100)
+    # an audit of the cluster: its one node is still enrolling, so it is not audited (a warning)
+    audit, _ = audit_services.start_audit(cluster, options={"load": False})
+    audit_services.advance(audit)
     return Fleet(
         cluster=cluster,
         node=node,
@@ -91,4 +97,5 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
         link=Link.objects.get(cluster=cluster, name="leaf-0~spine-0#0"),
         command=command,
         record=TelemetryRecord.objects.get(node=node),
+        audit=AuditRun.objects.get(pk=audit.pk),
     )

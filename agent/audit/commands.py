@@ -62,7 +62,8 @@ def _dict_items(args: dict, name: str, fields: dict[str, tuple]) -> list[dict] |
             ok = isinstance(item[key], typ) and not (typ is int and isinstance(item[key], bool))
             if not ok:
                 raise ArgError(f"argument {name}[{i}].{key} must be {typ.__name__}, not {type(item[key]).__name__}")
-            low, high = (bounds + [0, None])[:2] if typ is int else (None, None)
+            # (type, required[, minimum[, maximum]]); an int without bounds is at least 0
+            low, high = ((bounds + [None])[:2] if bounds else [0, None]) if typ is int else (None, None)
             if low is not None and item[key] < low:
                 raise ArgError(f"argument {name}[{i}].{key} must be at least {low}, not {item[key]}")
             if high is not None and item[key] > high:

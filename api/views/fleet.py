@@ -17,6 +17,7 @@ from api.filtersets import (
     NodeFilterSet,
     SwitchFilterSet,
 )
+from api.serializers.audits import AuditRunSerializer, AuditScheduleSerializer, AuditStartSerializer
 from api.serializers.commands import CommandSerializer
 from api.serializers.fleet import (
     ClusterSerializer,
@@ -30,7 +31,10 @@ from api.serializers.fleet import (
     SwitchSerializer,
     TopologySummarySerializer,
 )
+from api.views.audits import schedule_response, start_audit_response
 from api.viewsets import ScopedModelViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
+from console.audits import services as audits
+from console.audits.models import AuditRun
 from console.commands import services as commands
 from console.fleet import services
 from console.fleet.install_command import install_command
@@ -143,6 +147,29 @@ class ClusterViewSet(ScopedModelViewSet):
     def status(self, request, pk=None, format=None):
         return Response(cluster_status(self.get_object()))
 
+    @extend_schema(
+        methods=["POST"], request=AuditStartSerializer, responses={201: AuditRunSerializer, 200: AuditRunSerializer},
+        description="Start an audit of the cluster (or of `nodes`): node checks, fleet agreement, every link "
+                    "loaded at once. A repeated `idempotency_key` returns the first run (200); a second audit of "
+                    "nodes an audit holds is refused (409).",
+    )
+    @extend_schema(methods=["GET"], responses={200: AuditRunSerializer(many=True)})
+    @action(detail=True, methods=["get", "post"], filterset_class=None)
+    def audits(self, request, pk=None):
+        cluster = self.get_object()
+        if request.method == "GET":
+            page = self.paginate_queryset(AuditRun.objects.filter(cluster=cluster).prefetch_related("nodes")
+                                          .order_by("-created"))
+            return self.get_paginated_response(AuditRunSerializer(page, many=True).data)
+        return start_audit_response(self, request, cluster)
+
+    @extend_schema(methods=["GET"], responses={200: AuditScheduleSerializer})
+    @extend_schema(methods=["PUT"], request=AuditScheduleSerializer, responses={200: AuditScheduleSerializer},
+                   description="Audit the cluster every `interval_s` seconds (at least 600).")
+    @action(detail=True, methods=["get", "put"], url_path="audit-schedule", filterset_class=None)
+    def audit_schedule(self, request, pk=None):
+        return schedule_response(self, request, self.get_object())
+
 
 class NodeViewSet(ScopedReadOnlyViewSet):
     """Nodes (hosts) and their agents. Drain, return to service, retire; send commands."""
@@ -175,6 +202,17 @@ class NodeViewSet(ScopedReadOnlyViewSet):
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None, format=None):
         return self._transition(request, services.retire)
+
+    @extend_schema(request=AuditStartSerializer, responses={202: AuditRunSerializer},
+                   description="Audit a draining node (`options` as for a cluster's audit); it returns to ready "
+                               "only if it passes (undrain: at once, no audit).")
+    @action(detail=True, methods=["post"], url_path="return-to-service")
+    def return_to_service(self, request, pk=None):
+        node = self.get_object()
+        self.require_role(node.organization_id)
+        options = request.data.get("options") if isinstance(request.data, dict) else None
+        run = audits.return_to_service(node, user=request.user, options=options)
+        return Response(AuditRunSerializer(AuditRun.objects.get(pk=run.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
     @action(detail=True, methods=["get"])

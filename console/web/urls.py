@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console.web import views
+from console.web import audits, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -16,4 +16,8 @@ urlpatterns = [
     path("clusters/<int:pk>/status.json", views.cluster_status_json, name="cluster-status"),
     path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
          name="revoke-enrollment-token"),
+    path("clusters/<int:pk>/audits/", audits.audits, name="audits"),
+    path("audits/<int:audit_pk>/", audits.audit, name="audit"),
+    path("audits/<int:audit_pk>/cancel/", audits.cancel_audit, name="audit-cancel"),
+    path("audits/<int:audit_pk>/report.pdf", audits.audit_pdf, name="audit-pdf"),
 ]

@@ -23,7 +23,8 @@ LISTEN = {"nic": "node0000/nic0", "addr": "172.16.0.1", "device": "nic0", "port"
 
 GOOD = {
     "audit.node": {"sections": ["gpu", "nic"], "hardware": "h100-sxm", "mtu": 4200,
-                   "nics": [{"device": "enp25s0np0", "rail": 0}], "rails": [{"rail": 0, "nic": "enp25s0np0"}],
+                   "nics": [{"device": "enp25s0np0", "rail": 0, "mtu": 4200, "speed_mbps": 400000}],
+                   "rails": [{"rail": 0, "nic": "enp25s0np0"}],
                    "expect": {"kernel": "5.15.0", "nccl": ["2.21.5"]}},
     "audit.gpu": {"expected_gpus": 8, "listen_ms": 500},
     "audit.pcie": {"nics": [{"device": "ibp24s0"}]},

@@ -380,6 +380,7 @@ def globex_token(fleet) -> str:
 PAGE_OBJECTS = {
     "pk": lambda acme: acme.fleet.cluster.pk,  # /clusters/<pk>/...
     "token_pk": lambda acme: acme.fleet.enrollment_token.pk,
+    "audit_pk": lambda acme: acme.fleet.audit.pk,  # /audits/<audit_pk>/...
 }
 # Routes outside /api/v1/ that name no tenant object (their parameters, if any, are not tenant
 # objects), and what keeps them tenant-safe.

@@ -193,3 +193,22 @@ def test_results_merge_into_observation_windows_per_directed_pair():
     assert merged["missing"] and all(m["missing"] in ("sender", "receiver") for m in merged["missing"])
     assert all(topo.nic(p["dst"]).host != gone and topo.nic(p["src"]).host != gone
                for p in merged["total"]["probes"])
+
+
+def test_combined_windows_add_counts_and_keep_the_pairs_every_window_measured():
+    from workers.trafficplan.windows import combine
+
+    def probe(src, dst, sent, lost, p50, p99):
+        return {"src": src, "dst": dst, "sent": sent, "lost": lost, "owd_us": {"p50": p50, "p99": p99},
+                "bytes": (sent - lost) * 1000, "throughput_mbit": 0.0, "offered_mbit": 8.0, "flows": 2}
+
+    one = {"format": "lockstep.observations/v1", "topology": "t", "window_s": 1.0,
+           "probes": [probe("a/n0", "b/n0", 1000, 0, 50, 90), probe("b/n0", "a/n0", 1000, 10, 60, 80)]}
+    two = {"format": "lockstep.observations/v1", "topology": "t", "window_s": 1.0,
+           "probes": [probe("a/n0", "b/n0", 1000, 20, 70, 300)]}
+    doc = combine([one, two])
+    assert doc["window_s"] == 2.0 and [(p["src"], p["dst"]) for p in doc["probes"]] == [("a/n0", "b/n0")]
+    [p] = doc["probes"]
+    assert (p["sent"], p["lost"], p["owd_us"]) == (2000, 20, {"p50": 60.0, "p99": 300})
+    assert p["throughput_mbit"] == round(1980 * 1000 * 8 / 2 / 1e6, 3)
+    assert combine([]) is None

@@ -81,3 +81,29 @@ def _median(values: list[float]) -> float:
     s = sorted(values)
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def combine(docs: list[dict]) -> dict | None:
+    """One observations/v1 window from consecutive ones (the pairs every one of them measured):
+    counts added, throughput over the whole span, the median window's p50 and the worst p99.
+    The audit combines the windows after the last agent started, so a late start is not loss."""
+    if not docs:
+        return None
+    seconds = sum(d["window_s"] for d in docs)
+    keys = set.intersection(*({(p["src"], p["dst"]) for p in d["probes"]} for d in docs))
+    by_pair: dict[tuple[str, str], list[dict]] = {}
+    for d in docs:
+        for p in d["probes"]:
+            if (p["src"], p["dst"]) in keys:
+                by_pair.setdefault((p["src"], p["dst"]), []).append(p)
+    probes = []
+    for (src, dst), parts in sorted(by_pair.items()):
+        rb = sum(p["bytes"] for p in parts)
+        out = {"src": src, "dst": dst, "sent": sum(p["sent"] for p in parts), "lost": sum(p["lost"] for p in parts)}
+        owd = [p["owd_us"] for p in parts if p.get("owd_us")]
+        if owd:
+            out["owd_us"] = {"p50": _median([o["p50"] for o in owd]), "p99": max(o["p99"] for o in owd)}
+        probes.append(out | {"bytes": rb, "throughput_mbit": round(rb * 8 / seconds / 1e6, 3),
+                             "offered_mbit": round(sum(p["offered_mbit"] for p in parts) / len(parts), 3),
+                             "flows": parts[0]["flows"]})
+    return {"format": OBSERVATIONS, "topology": docs[0]["topology"], "window_s": seconds, "probes": probes}

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class AuditsConfig(AppConfig):
+    name = "console.audits"
+    label = "audits"
+    verbose_name = "Audits"
