@@ -30,9 +30,8 @@ void ls_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (logger)
-        logger(level, NCCL_NET, file, line, "NET/Lockstep : %s", msg);
-    else if (ls_cfg.debug || level == NCCL_LOG_WARN)
+    if (logger) logger(level, NCCL_NET, file, line, "NET/Lockstep : %s", msg);
+    if (ls_cfg.debug || (!logger && level == NCCL_LOG_WARN))
         fprintf(stderr, "NET/Lockstep %s: %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
 }
 

@@ -517,6 +517,7 @@ static void *progress(void *arg) {
                 ls_stream *st = &c->paths[what[i].path].streams[what[i].stream];
                 if (st->fd != pfd[i].fd) continue; /* replaced during this round */
                 if ((pfd[i].revents & (POLLIN | POLLERR | POLLHUP)) && stream_read(c, what[i].path, st) != 0) {
+                    if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", what[i].stream, what[i].path, strerror(errno));
                     if (!c->error) ls_path_dead(c, what[i].path, "socket closed or failed");
                     continue;
                 }
@@ -529,6 +530,7 @@ static void *progress(void *arg) {
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
                 ls_stream *st = &c->paths[p].streams[s];
                 if (st->fd >= 0 && stream_write(c, p, st) != 0) {
+                    if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
                     ls_path_dead(c, p, "socket closed or failed");
                     break;
                 }
@@ -540,7 +542,7 @@ static void *progress(void *arg) {
                 if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
                     ls_path_dead(c, p, "socket closed or failed");
         }
-        ls_paths_tick(c, now);
+        ls_paths_tick(c, ls_now_ms()); /* after the reads: their times are not in the future */
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;
