@@ -34,6 +34,7 @@ import zlib
 MAX_REQUESTS = 32
 HANDLE_SIZE = 128
 POOL_BYTES = 8 << 20
+PROGRESS_EVERY = 8 << 20  # the receiver writes D/progress (bytes received) this often
 SIZES = [0, 1, 7, 100, 4096, 65536, 131072, 1 << 20, 4 << 20]
 
 RESULT = C.c_int
@@ -301,7 +302,7 @@ def run_recv(plugin: Plugin, listen_comm, args) -> dict:
     groups = plan(args.seed)
     rng = random.Random(args.seed + 1)
     posted = []  # (request, group, sizes, buffers)
-    group_posted = group_done = received = nulls = 0
+    group_posted = group_done = received = nulls = reported = 0
     expected_groups = None if args.until_stop else -1
     total_planned = 0
     last_completion = time.monotonic()
@@ -351,6 +352,9 @@ def run_recv(plugin: Plugin, listen_comm, args) -> dict:
                     received += size
                 posted.pop(0)
                 group_done += 1
+                if received - reported >= PROGRESS_EVERY:  # for tests that act while data flows
+                    reported = received
+                    write_atomic(args.dir, "progress", str(received).encode())
                 continue
         if expected_groups is not None and expected_groups >= 0 and group_done >= expected_groups:
             break

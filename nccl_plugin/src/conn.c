@@ -3,6 +3,7 @@
  * for a moment (net.c). */
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -284,6 +285,19 @@ static void on_ack(ls_comm *c, uint64_t cum) {
     if (cum > c->seq_next) return protocol_error(c, ncclInternalError, "an ack beyond what was sent");
     if (cum <= c->seq_acked) return;
     c->seq_acked = cum;
+    uint64_t now = ls_now_ms();
+    if (c->ack_before_failover_ms) { /* the first data acknowledged since the failover */
+        char data[256];
+        snprintf(data, sizeof data,
+                 "{\"comm\":\"%p\",\"role\":\"send\",\"device\":%d,\"nic\":\"%s\",\"state\":\"carrying\","
+                 "\"failover_ms\":%llu,\"since_fault_ms\":%llu}",
+                 (void *)c, c->dev, c->active >= 0 ? c->device.nics[c->paths[c->active].local_nic].name : "none",
+                 (unsigned long long)(now - c->ack_before_failover_ms),
+                 (unsigned long long)(now - c->failover_started_ms));
+        ls_event("nccl.path_state", data);
+        c->ack_before_failover_ms = 0;
+    }
+    c->last_ack_ms = now;
     if (c->seq_unsent < cum) c->seq_unsent = cum;
     send_complete_check(c);
 }

@@ -65,11 +65,15 @@ static const char *nic_name(const ls_comm *c, int path) {
 
 static void emit_switch(ls_comm *c, const char *kind, int from, int to, const char *reason) {
     char data[512];
+    uint64_t now = ls_now_ms();
+    /* silent_ms: how long the old path had been quiet when it was given up (detection time) */
+    uint64_t silent = from >= 0 && c->paths[from].last_rx_ms && now > c->paths[from].last_rx_ms
+                          ? now - c->paths[from].last_rx_ms : 0;
     snprintf(data, sizeof data,
              "{\"comm\":\"%p\",\"role\":\"%s\",\"device\":%d,\"from\":\"%s\",\"to\":\"%s\",\"reason\":\"%s\","
-             "\"unacked_chunks\":%llu}",
+             "\"unacked_chunks\":%llu,\"silent_ms\":%llu}",
              (void *)c, ls_role(c), c->dev, nic_name(c, from), nic_name(c, to), reason,
-             (unsigned long long)(c->seq_next - c->seq_acked));
+             (unsigned long long)(c->seq_next - c->seq_acked), (unsigned long long)silent);
     ls_event(kind, data);
 }
 
@@ -99,6 +103,8 @@ void ls_path_dead(ls_comm *c, int path, const char *reason) {
         c->resent_chunks += c->seq_next - c->seq_acked;
         c->failovers++;
         c->failover_started_ms = now;
+        if (c->seq_next > c->seq_acked) /* data was waiting: time the gap until it moves again */
+            c->ack_before_failover_ms = c->last_ack_ms ? c->last_ack_ms : now;
         LS_INFO("send comm %p: failover %s -> %s (%s)", (void *)c, nic_name(c, path), nic_name(c, to), reason);
         emit_switch(c, "nccl.failover", path, to, reason);
     }

@@ -236,6 +236,8 @@ typedef struct ls_comm {
     int active;             /* connector: the path carrying data, -1 while none is up */
     uint64_t no_path_since_ms;
     uint64_t failover_started_ms;
+    uint64_t last_ack_ms;        /* connector: when the cumulative ack last moved */
+    uint64_t ack_before_failover_ms; /* set at a failover; 0 once data moves again */
     ls_req reqs[LS_MAX_REQS];
     /* connector */
     uint64_t next_msg;      /* isends posted */
