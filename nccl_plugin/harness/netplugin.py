@@ -239,6 +239,13 @@ def run_send(plugin: Plugin, args) -> dict:
         comm = plugin.connect_once(handle)
         if comm is None:
             time.sleep(0.001)
+    try:
+        return _send_all(plugin, comm, args)
+    finally:  # closed on errors too: the plugin's threads must be gone before dlclose
+        plugin.check(plugin.net.closeSend(comm), "closeSend")
+
+
+def _send_all(plugin: Plugin, comm, args) -> dict:
     mh = C.c_void_p()
     plugin.check(plugin.net.regMr(comm, None, 0, 1, C.byref(mh)), "regMr")
     pool = make_pool(args.seed)
@@ -285,7 +292,6 @@ def run_send(plugin: Plugin, args) -> dict:
         if inflight and len(still) == len(inflight):
             time.sleep(0.0002)
     plugin.check(plugin.net.deregMr(comm, mh), "deregMr")
-    plugin.check(plugin.net.closeSend(comm), "closeSend")
     return {"bytes": sent, "groups": stop_at, "null_requests": nulls}
 
 
@@ -296,6 +302,13 @@ def run_recv(plugin: Plugin, listen_comm, args) -> dict:
         if comm is None:
             time.sleep(0.001)
     plugin.check(plugin.net.closeListen(listen_comm), "closeListen")
+    try:
+        return _recv_all(plugin, comm, args)
+    finally:
+        plugin.check(plugin.net.closeRecv(comm), "closeRecv")
+
+
+def _recv_all(plugin: Plugin, comm, args) -> dict:
     mh = C.c_void_p()
     plugin.check(plugin.net.regMr(comm, None, 0, 1, C.byref(mh)), "regMr")
     pool = make_pool(args.seed)
@@ -362,7 +375,6 @@ def run_recv(plugin: Plugin, listen_comm, args) -> dict:
             break
         time.sleep(0.0002)
     plugin.check(plugin.net.deregMr(comm, mh), "deregMr")
-    plugin.check(plugin.net.closeRecv(comm), "closeRecv")
     out = {"bytes": received, "groups": group_done, "null_requests": nulls, "stall_max_ms": round(stall_max * 1e3, 1)}
     if args.trace:
         out["completions"] = completions

@@ -19,7 +19,7 @@
 static void protocol_error(ls_comm *c, ncclResult_t rc, const char *what) {
     if (c->error == ncclSuccess) {
         LS_WARN("%s comm %p: %s", ls_role(c), (void *)c, what);
-        c->error = rc;
+        __atomic_store_n(&c->error, rc, __ATOMIC_RELEASE); /* test() reads it without the lock */
     }
 }
 
@@ -116,7 +116,8 @@ void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t po
 static void send_complete_check(ls_comm *c) {
     for (int i = 0; i < LS_MAX_REQS; i++) {
         ls_req *r = &c->reqs[i];
-        if (r->used && !r->done && r->chunked && c->seq_acked > r->last_seq && r->inflight == 0) r->done = 1;
+        if (r->used && !r->done && r->chunked && c->seq_acked > r->last_seq && r->inflight == 0)
+            __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     }
 }
 
@@ -241,7 +242,7 @@ static void chunk_received(ls_comm *c, uint64_t seq, ls_req *r, int slot, size_t
     r->seen[slot] = 1;
     int done = 1;
     for (int i = 0; i < r->n; i++) done &= r->seen[i] && r->got[i] == r->total[i];
-    r->done = done;
+    if (done) __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     /* Another stream part-way through a copy of this chunk must not write into the buffer any
      * more: NCCL may reuse it as soon as the receive is done. */
     for (int p = 0; p < c->npaths; p++)
@@ -468,6 +469,40 @@ static void accept_on(ls_comm *c, int lfd, uint64_t now) {
     }
 }
 
+/* One round of non-blocking I/O on every stream: read what arrived, cut chunks, write what can
+ * be written, acknowledge. Run by the progress thread after each poll and, when the lock is
+ * free, by NCCL's own calls (isend/irecv/test), which saves a thread wake-up per message. */
+void ls_progress_pass(ls_comm *c, int from_caller) {
+    if (from_caller) c->caller_pass_us = ls_now_us();
+    for (int p = 0; p < c->npaths && !c->error; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *st = &c->paths[p].streams[s];
+            if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
+                if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
+                if (!c->error) ls_path_dead(c, p, "socket closed or failed");
+                break;
+            }
+        }
+    if (c->is_send) make_chunks(c);
+    /* write everything that can be written (cheap when nothing is ready) */
+    for (int p = 0; p < c->npaths && !c->error; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *st = &c->paths[p].streams[s];
+            if (st->fd >= 0 && stream_write(c, p, st) != 0) {
+                if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
+                ls_path_dead(c, p, "socket closed or failed");
+                break;
+            }
+        }
+    if (!c->is_send && c->cum != c->acked_sent) {
+        for (int p = 0; p < c->npaths; p++) ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
+        c->acked_sent = c->cum;
+        for (int p = 0; p < c->npaths; p++)
+            if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
+                ls_path_dead(c, p, "socket closed or failed");
+    }
+}
+
 /* ---- the loop ---- */
 
 enum { W_WAKE, W_NETLINK, W_LISTEN, W_PENDING, W_STREAM };
@@ -486,6 +521,9 @@ static void *progress(void *arg) {
             pfd[n] = (struct pollfd){.fd = c->netlink_fd, .events = POLLIN};
             what[n++].kind = W_NETLINK;
         }
+        /* While NCCL keeps calling test() it moves the data itself; the thread then stays out
+         * of its way (no lock hand-offs per message) and only keeps time: heartbeats, timeouts. */
+        int caller_driving = ls_now_us() - c->caller_pass_us < 2000;
         int any_pending = 0;
         for (int p = 0; p < c->npaths; p++) {
             if (c->paths[p].listen_fd >= 0) {
@@ -495,7 +533,7 @@ static void *progress(void *arg) {
             }
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
                 ls_stream *st = &c->paths[p].streams[s];
-                if (st->fd < 0) continue;
+                if (st->fd < 0 || caller_driving) continue;
                 short ev = POLLIN;
                 if ((c->is_send && !st->hello_done) || st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len ||
                     (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
@@ -512,7 +550,7 @@ static void *progress(void *arg) {
                 what[n++].kind = W_PENDING;
                 any_pending = 1;
             }
-        int timeout = ls_cfg.heartbeat_ms / 10;
+        int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 10;
         pthread_mutex_unlock(&c->lock);
         poll(pfd, (nfds_t)n, timeout);
         pthread_mutex_lock(&c->lock);
@@ -527,35 +565,10 @@ static void *progress(void *arg) {
                 ls_netlink_read(c);
             } else if (what[i].kind == W_LISTEN) {
                 accept_on(c, pfd[i].fd, now);
-            } else if (what[i].kind == W_STREAM) {
-                ls_stream *st = &c->paths[what[i].path].streams[what[i].stream];
-                if (st->fd != pfd[i].fd) continue; /* replaced during this round */
-                if ((pfd[i].revents & (POLLIN | POLLERR | POLLHUP)) && stream_read(c, what[i].path, st) != 0) {
-                    if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", what[i].stream, what[i].path, strerror(errno));
-                    if (!c->error) ls_path_dead(c, what[i].path, "socket closed or failed");
-                    continue;
-                }
-            }
+            } /* streams: the pass below reads and writes every one of them */
         }
         if (any_pending) poll_pending(c, now);
-        if (c->is_send) make_chunks(c);
-        /* write everything that can be written (cheap when nothing is ready) */
-        for (int p = 0; p < c->npaths && !c->error; p++)
-            for (int s = 0; s < LS_MAX_STREAMS; s++) {
-                ls_stream *st = &c->paths[p].streams[s];
-                if (st->fd >= 0 && stream_write(c, p, st) != 0) {
-                    if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
-                    ls_path_dead(c, p, "socket closed or failed");
-                    break;
-                }
-            }
-        if (!c->is_send && c->cum != c->acked_sent) {
-            for (int p = 0; p < c->npaths; p++) ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
-            c->acked_sent = c->cum;
-            for (int p = 0; p < c->npaths; p++)
-                if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
-                    ls_path_dead(c, p, "socket closed or failed");
-        }
+        if (!caller_driving) ls_progress_pass(c, 0);
         ls_paths_tick(c, ls_now_ms()); /* after the reads: their times are not in the future */
     }
     pthread_mutex_unlock(&c->lock);

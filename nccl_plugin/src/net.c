@@ -235,9 +235,11 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
         r->tag = tag;
         c->send_order[c->next_msg++ % LS_MAX_REQS] = r;
         *request = r;
+        ls_progress_pass(c, 1);
     }
+    /* No wake-up of the progress thread: NCCL now calls test(), which moves the data; the
+     * thread takes over within 2 ms once NCCL stops calling. */
     pthread_mutex_unlock(&c->lock);
-    if (r) ls_comm_wake(c);
     return rc;
 }
 
@@ -265,9 +267,9 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
         c->recv_order[r->index % LS_MAX_REQS] = r;
         for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
+        ls_progress_pass(c, 1);
     }
     pthread_mutex_unlock(&c->lock);
-    if (r) ls_comm_wake(c);
     return rc;
 }
 
@@ -277,12 +279,21 @@ ncclResult_t ls_iflush(void *recv_comm, void **request) {
     return ncclSuccess;
 }
 
+/* NCCL calls test() in a tight loop: until the request is done it never waits for the lock (a
+ * spinning caller would starve the progress thread); with the lock free it moves data itself. */
 ncclResult_t ls_test(void *request, int *done, int *sizes) {
     ls_req *r = request;
     ls_comm *c = r->comm;
+    *done = 0;
+    if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+        if (pthread_mutex_trylock(&c->lock) == 0) {
+            ls_progress_pass(c, 1);
+            pthread_mutex_unlock(&c->lock);
+        }
+        if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return __atomic_load_n(&c->error, __ATOMIC_ACQUIRE);
+    }
     pthread_mutex_lock(&c->lock);
     ncclResult_t rc = ncclSuccess;
-    *done = 0;
     if (r->done) {
         *done = 1;
         if (sizes) {

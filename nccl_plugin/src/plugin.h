@@ -262,6 +262,7 @@ typedef struct ls_comm {
     int pending_fds[LS_MAX_NICS * LS_MAX_STREAMS]; /* accepted, HELLO not yet read */
     uint64_t pending_since_ms[LS_MAX_NICS * LS_MAX_STREAMS];
     /* statistics */
+    uint64_t caller_pass_us; /* NCCL's last call that moved data itself */
     uint64_t failovers, failbacks, resent_chunks, dup_chunks;
 } ls_comm;
 
@@ -269,6 +270,7 @@ ls_comm *ls_comm_new(int is_send, int dev);
 int ls_comm_start(ls_comm *c);     /* starts the progress thread */
 void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
+void ls_progress_pass(ls_comm *c, int from_caller); /* with the lock held */
 int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len);
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len);
 void ls_queue_credit(ls_comm *c, int path, const ls_req *r);
