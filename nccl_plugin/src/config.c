@@ -32,7 +32,8 @@ void ls_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt
     va_end(ap);
     if (logger) logger(level, NCCL_NET, file, line, "NET/Lockstep : %s", msg);
     if (ls_cfg.debug || (!logger && level == NCCL_LOG_WARN))
-        fprintf(stderr, "NET/Lockstep %s: %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
+        fprintf(stderr, "NET/Lockstep %s %llu: %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO",
+                (unsigned long long)ls_now_ms(), msg);
 }
 
 /* An integer variable within [lo, hi]; out of range or not a number: the default, with a warning. */

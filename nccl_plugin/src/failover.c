@@ -92,6 +92,7 @@ void ls_path_dead(ls_comm *c, int path, const char *reason) {
     uint64_t now = ls_now_ms();
     p->retry_at_ms = now + (uint64_t)p->backoff_ms;
     p->backoff_ms = p->backoff_ms * 2 > ls_cfg.failback_max_ms ? ls_cfg.failback_max_ms : p->backoff_ms * 2;
+    if (ls_cfg.debug && !was_up) LS_INFO("%s comm %p: path %d attempt failed (%s)", ls_role(c), (void *)c, path, reason);
     if (was_up) {
         LS_INFO("%s comm %p: path %s down (%s)", ls_role(c), (void *)c, nic_name(c, path), reason);
         ls_event_path_state(c, path, "down", reason);
@@ -132,6 +133,7 @@ void ls_path_start_connect(ls_comm *c, int path) {
     p->connect_started_ms = ls_now_ms();
     int nstreams = c->established ? p->nstreams : 1; /* before the HELLO_ACK only the listener is known */
     for (int s = 0; s < nstreams; s++) ls_stream_open(c, path, s, p->peer_addr, p->peer_port);
+    if (ls_cfg.debug) LS_INFO("%s comm %p: connecting path %d", ls_role(c), (void *)c, path);
     if (p->streams[0].fd < 0) ls_path_dead(c, path, "connect failed");
 }
 
