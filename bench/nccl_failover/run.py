@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def restore(pair: NcclPair, kind: str) -> None:
         pair.link("a", "nh0", up=True)
 
 
-def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:
+def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - one measured sequence
     work = Path(tempfile.mkdtemp(prefix="lsnccl-bench"))
     events = Events(Path(tempfile.mkdtemp(prefix="lsb", dir="/tmp")) / "agent.sock")
     env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET=str(events.server.path),
@@ -126,7 +127,7 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:
                     continue
                 seen = fo[0] + 1
                 # only when data was waiting at the failover (else there is nothing to time)
-                carrying = events.wait(seen, lambda k, d: k == "nccl.path_state" and d.get("state") == "carrying", 3)
+                carrying = events.wait(seen, lambda k, d: k == "nccl.path_state" and d.get("state") == "carrying", 1)
                 time.sleep(0.2)  # the fault lasts a little longer, then goes
                 t_restore = time.time()
                 restore(pair, kind)
@@ -220,6 +221,7 @@ def main() -> int:
     parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still tear the namespaces down
     subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
     subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}/include",
                     "-o", str(TPUT), str(Path(__file__).with_name("tput.c")), "-ldl"], check=True)
