@@ -109,7 +109,15 @@ void ls_path_dead(ls_comm *c, int path, const char *reason) {
         LS_INFO("send comm %p: failover %s -> %s (%s)", (void *)c, nic_name(c, path), nic_name(c, to), reason);
         emit_switch(c, "nccl.failover", path, to, reason);
     }
-    if (best_up_path(c, -1) < 0 && !c->no_path_since_ms) c->no_path_since_ms = now;
+    if (best_up_path(c, -1) < 0) {
+        if (!c->no_path_since_ms) c->no_path_since_ms = now;
+        /* no path at all: every path is tried again at the shortest back-off until one is up */
+        for (int i = 0; i < c->npaths; i++) {
+            c->paths[i].backoff_ms = ls_cfg.failback_min_ms;
+            if (c->paths[i].state == LS_PATH_DOWN && c->paths[i].retry_at_ms > now + (uint64_t)ls_cfg.failback_min_ms)
+                c->paths[i].retry_at_ms = now + (uint64_t)ls_cfg.failback_min_ms;
+        }
+    }
 }
 
 void ls_path_up(ls_comm *c, int path) {

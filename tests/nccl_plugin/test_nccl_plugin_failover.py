@@ -115,10 +115,10 @@ class Transfer:
     def wait_received(self, more: int, what: str) -> None:
         target = self.received() + more
         for role, (proc, _, _) in self.procs.items():
-            assert proc.poll() is None, f"the {role} side ended early: {self.stderr(role)}"
+            assert proc.poll() is None, f"the {role} side ended early: {self.output(role)}"
         wait_for(lambda: self.received() >= target or any(p.poll() is not None for p, _, _ in self.procs.values()),
                  WAIT_S, what)
-        assert self.received() >= target, f"{what}: a side ended: {self.stderr('send')} {self.stderr('recv')}"
+        assert self.received() >= target, f"{what}: a side ended: {self.output('send')} {self.output('recv')}"
 
     def stop(self) -> None:
         (self.dir / "stop").touch()
@@ -144,6 +144,9 @@ class Transfer:
                     proc.kill()
         return results
 
+    def output(self, role: str) -> str:
+        return (self.dir / f"{role}.out").read_text()[-2000:] + self.stderr(role)
+
     def stderr(self, role: str) -> str:
         return (self.dir / f"{role}.err").read_text()[-3000:]
 
@@ -153,7 +156,7 @@ class Transfer:
 
 def _assert_intact(results: dict) -> None:
     send, recv = results["send"], results["recv"]
-    assert send["ok"] and recv["ok"], results
+    assert send["ok"] and recv["ok"], json.dumps(results)
     assert send["returncode"] == 0 and recv["returncode"] == 0
     assert send["groups"] == recv["groups"] > 0  # no group lost, none duplicated
     assert send["bytes"] == recv["bytes"]        # every byte compared against what was sent
@@ -178,39 +181,49 @@ def _validated(kind: str, data: dict) -> dict:
 def test_traffic_survives_link_down_loss_and_flaps_and_returns_to_primary(pair, plugin_lib, agent):
     run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "7",
                    env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "500"})
+
+    def away_from_primary() -> int:
+        return len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+
+    def back_on_primary() -> int:  # a failback, or a failover to it when the standby had died too
+        return len(agent.find("nccl.failback", **{"to": "nh0"})) + len(agent.find("nccl.failover", **{"to": "nh0"}))
+
     try:
         run.wait_received(32 << 20, "data over the primary")
 
+        away, back = away_from_primary(), back_on_primary()
         pair.link("a", "nh0", up=False)  # the primary's link goes down (carrier on both ends)
-        wait_for(lambda: agent.find("nccl.failover", role="send", **{"from": "nh0", "to": "nh1"}), WAIT_S,
-                 "failover to the standby")
+        wait_for(lambda: away_from_primary() > away, WAIT_S, "failover to the standby")
+        assert agent.find("nccl.failover", role="send", reason="carrier lost", **{"from": "nh0", "to": "nh1"})
         run.wait_received(32 << 20, "data over the standby")
         pair.link("a", "nh0", up=True)
-        wait_for(lambda: agent.find("nccl.failback", **{"to": "nh0"}), WAIT_S, "failback to the primary")
+        wait_for(lambda: back_on_primary() > back, WAIT_S, "failback to the primary")
         run.wait_received(16 << 20, "data after the failback")
 
+        away, back = away_from_primary(), back_on_primary()
         pair.lossy("a", "nh0", on=True)  # 100% loss, carrier up: only heartbeats can tell
-        wait_for(lambda: agent.find("nccl.failover", reason="heartbeat missed"), WAIT_S, "failover on lost heartbeats")
+        wait_for(lambda: away_from_primary() > away, WAIT_S, "failover on lost heartbeats")
+        assert agent.find("nccl.failover", role="send", reason="heartbeat missed", **{"from": "nh0"})
         run.wait_received(32 << 20, "data over the standby while the primary drops everything")
         pair.lossy("a", "nh0", on=False)
-        wait_for(lambda: len(agent.find("nccl.failback", **{"to": "nh0"})) >= 2, WAIT_S, "failback after the loss")
+        wait_for(lambda: back_on_primary() > back, WAIT_S, "failback after the loss")
 
-        failbacks = len(agent.find("nccl.failback", **{"to": "nh0"}))
+        back = back_on_primary()
         for _ in range(3):  # flapping: a fault schedule, not a wait for a condition
             pair.link("a", "nh0", up=False)
             time.sleep(0.3)
             pair.link("a", "nh0", up=True)
             time.sleep(0.3)
-        wait_for(lambda: len(agent.find("nccl.failback", **{"to": "nh0"})) > failbacks, WAIT_S,
-                 "failback after the flapping")
+        wait_for(lambda: back_on_primary() > back and _active_is_primary(agent), WAIT_S, "failback after the flapping")
 
         primary, standby = pair.tx_bytes("a", "nh0"), pair.tx_bytes("a", "nh1")
+        switches = away_from_primary()
         run.wait_received(64 << 20, "data after everything was restored")
         # traffic is back on the primary (the receiver verifies behind the wire by up to 32
-        # posted receives, so not all 64 MiB need have crossed it yet); the standby only
-        # carries heartbeats
+        # posted receives, so not all 64 MiB need have crossed it yet)
         assert pair.tx_bytes("a", "nh0") - primary >= 16 << 20
-        assert pair.tx_bytes("a", "nh1") - standby < 1 << 20
+        if away_from_primary() == switches:  # (a loaded machine may starve a heartbeat meanwhile)
+            assert pair.tx_bytes("a", "nh1") - standby < 1 << 20  # the standby only carried heartbeats
         run.stop()
         _assert_intact(run.finish())
     finally:
@@ -223,6 +236,12 @@ def test_traffic_survives_link_down_loss_and_flaps_and_returns_to_primary(pair, 
         assert abs(ts - time.time()) < 3600
     carrying = agent.find("nccl.path_state", state="carrying")
     assert carrying and all(e["failover_ms"] >= 0 for e in carrying)
+
+
+def _active_is_primary(agent: AgentSocketThread) -> bool:
+    """The sender's newest switch put it on nh0."""
+    switches = [d for k, _, d in agent.collect() if k in ("nccl.failover", "nccl.failback") and d.get("role") == "send"]
+    return bool(switches) and switches[-1]["to"] == "nh0"
 
 
 def test_losing_both_nics_is_a_clean_system_error_not_a_hang(pair, plugin_lib, agent):
