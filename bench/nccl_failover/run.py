@@ -213,13 +213,21 @@ def tput(pair: NcclPair) -> list[dict]:
                     near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), transport, *args, "a",
                                            str(size), str(iters[mode]), mode], env=env, capture_output=True, text=True,
                                           timeout=300)
-                    far.wait(60)
+                    try:
+                        far.wait(60)
+                    except subprocess.TimeoutExpired:
+                        far.kill()
                     shutil.rmtree(d, ignore_errors=True)
-                    out = json.loads(near.stdout.strip().splitlines()[-1])
+                    lines = near.stdout.strip().splitlines()
+                    if not lines:  # recorded, not hidden: the row says how many runs failed
+                        row.setdefault("failed_runs", []).append(f"{transport}: {near.stderr.strip()[-300:]}")
+                        continue
+                    out = json.loads(lines[-1])
                     vals.append(out["MBps"] if mode == "bw" else out["one_way_us"])
-                row[transport] = statistics.median(vals)
-            row["overhead_pct"] = round(((row["tcp"] / row["plugin"]) if mode == "bw" else (row["plugin"] / row["tcp"]))
-                                        * 100 - 100, 1)
+                row[transport] = statistics.median(vals) if vals else None
+            if row["plugin"] and row["tcp"]:
+                ratio = row["tcp"] / row["plugin"] if mode == "bw" else row["plugin"] / row["tcp"]
+                row["overhead_pct"] = round(ratio * 100 - 100, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -238,7 +246,7 @@ def main() -> int:
                     "-o", str(TPUT), str(Path(__file__).with_name("tput.c")), "-ldl"], check=True)
     pair = NcclPair.create("nb" + unique_prefix()[1:5])
     try:
-        out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
+        out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                "cpus": os.cpu_count(), "load1_at_start": os.getloadavg()[0], "kernel": platform.release()}
         out["failover"] = faults(pair, args.faults, args.kinds.split(","))
         if not args.no_throughput:

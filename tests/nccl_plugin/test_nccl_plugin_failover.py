@@ -32,6 +32,9 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(netns_problem() is not None,
 
 NCCL_SYSTEM_ERROR = 2
 WAIT_S = 90  # generous: the CI machine is shared and slow; every wait is for a condition
+# A shared 2-core machine can starve a process for seconds: connection attempts get longer and
+# the plugin more patience than its production defaults (the heartbeat time stays at 300 ms).
+PATIENT = {"LOCKSTEP_NCCL_CONNECT_TIMEOUT_MS": "5000", "LOCKSTEP_NCCL_GIVEUP_MS": "60000"}
 
 
 def _build(target: str) -> Path:
@@ -98,7 +101,7 @@ class Transfer:
                  env: dict | None = None, preload: str | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="lsnccl-run"))
         environ = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1",
-                       LOCKSTEP_AGENT_SOCKET=str(agent.server.path) if agent else "none", **(env or {}))
+                       LOCKSTEP_AGENT_SOCKET=str(agent.server.path) if agent else "none", **(PATIENT | (env or {})))
         self.procs = {}
         for role, host in (("recv", "b"), ("send", "a")):
             out = open(self.dir / f"{role}.out", "w")  # noqa: SIM115 - closed in finish()
