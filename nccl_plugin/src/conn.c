@@ -93,14 +93,26 @@ void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
 
 /* ---- streams ---- */
 
+/* Whether writing the chunk reads the request's own buffer (a copy or no bytes do not; the
+ * request may be done and reused meanwhile). */
+#define READS_REQ(ch) ((ch)->len && !(ch)->copy)
+
+static void free_copy(ls_comm *c, ls_chunk *w) {
+    if (!w->copy) return;
+    free(w->copy);
+    w->copy = NULL;
+    c->copy_bytes -= w->len;
+}
+
 void ls_stream_close(ls_comm *c, ls_stream *s) {
     if (s->fd < 0) return;
     ls_sock_abort(s->fd);
     if (s->tx_busy) { /* the chunk was not wholly written: it is sent again */
         ls_chunk *ch = &s->tx_chunk;
-        ch->req->inflight--;
+        if (READS_REQ(ch)) ch->req->inflight--;
         ls_chunk *w = &c->window[ch->seq % LS_WINDOW];
         if (w->seq == ch->seq) w->inflight = 0;
+        if (w->seq == ch->seq && ch->seq < c->seq_acked) free_copy(c, w);
         if (ch->seq >= c->seq_acked && ch->seq < c->seq_unsent) c->seq_unsent = ch->seq;
     }
     memset(s, 0, sizeof *s);
@@ -116,7 +128,7 @@ void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t po
 static void send_complete_check(ls_comm *c) {
     for (int i = 0; i < LS_MAX_REQS; i++) {
         ls_req *r = &c->reqs[i];
-        if (r->used && !r->done && r->chunked && c->seq_acked > r->last_seq && r->inflight == 0)
+        if (r->used && !r->done && r->chunked && (r->copied || (c->seq_acked > r->last_seq && r->inflight == 0)))
             __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     }
 }
@@ -151,7 +163,17 @@ static void make_chunks(ls_comm *c) {
         size_t len = r->size - r->chunk_off;
         if (len > ls_cfg.chunk_bytes) len = ls_cfg.chunk_bytes;
         ls_chunk *w = &c->window[c->seq_next % LS_WINDOW];
-        *w = (ls_chunk){.seq = c->seq_next, .req = r, .off = r->chunk_off, .len = len};
+        if (w->inflight || w->copy) return; /* an older copy of this slot is still being written */
+        if (r->chunk_off == 0) /* small sends complete at once from a copy (bounded), the rest on their acks */
+            r->copied = r->size <= LS_COPY_MAX && c->copy_bytes + r->size <= LS_COPY_BUDGET;
+        *w = (ls_chunk){.seq = c->seq_next, .req = r, .off = r->chunk_off, .len = len, .msg_size = r->size,
+                        .rindex = r->rindex, .slot = r->slot};
+        if (r->copied && len) {
+            w->copy = malloc(len);
+            if (!w->copy) return protocol_error(c, ncclSystemError, "out of memory for a send copy");
+            memcpy(w->copy, (char *)r->data + r->chunk_off, len);
+            c->copy_bytes += len;
+        }
         r->chunk_off += len;
         r->last_seq = c->seq_next++;
         if (r->chunk_off >= r->size) {
@@ -167,10 +189,10 @@ static int take_chunk(ls_comm *c, ls_stream *s) {
     ls_chunk *w = &c->window[c->seq_unsent % LS_WINDOW];
     if (w->seq < c->seq_acked || w->seq >= c->seq_next) return 0;
     w->inflight = 1;
-    w->req->inflight++;
+    if (READS_REQ(w)) w->req->inflight++;
     s->tx_chunk = *w;
     s->tx_hdr = (ls_hdr){.type = LS_MAGIC << 16 | LS_DATA, .len = (uint32_t)w->len, .a = w->seq,
-                         .b = w->req->size, .c = w->off, .d = w->req->rindex, .e = w->req->slot};
+                         .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot};
     s->tx_busy = 1;
     s->tx_done = 0;
     c->seq_unsent++;
@@ -209,7 +231,8 @@ static int stream_write(ls_comm *c, int path, ls_stream *s) {
         if (hdr_left) iov[niov++] = (struct iovec){(char *)&s->tx_hdr + s->tx_done, hdr_left};
         size_t pay_done = s->tx_done - (sizeof s->tx_hdr - hdr_left);
         if (s->tx_chunk.len > pay_done)
-            iov[niov++] = (struct iovec){(char *)s->tx_chunk.req->data + s->tx_chunk.off + pay_done,
+            iov[niov++] = (struct iovec){s->tx_chunk.copy ? s->tx_chunk.copy + pay_done
+                                                          : (char *)s->tx_chunk.req->data + s->tx_chunk.off + pay_done,
                                          s->tx_chunk.len - pay_done};
         ssize_t n = 0;
         if (niov) {
@@ -220,9 +243,10 @@ static int stream_write(ls_comm *c, int path, ls_stream *s) {
         s->tx_done += (size_t)n;
         if (s->tx_done < sizeof s->tx_hdr + s->tx_chunk.len) return 0;
         s->tx_busy = 0;
-        s->tx_chunk.req->inflight--;
+        if (READS_REQ(&s->tx_chunk)) s->tx_chunk.req->inflight--;
         ls_chunk *w = &c->window[s->tx_chunk.seq % LS_WINDOW];
         if (w->seq == s->tx_chunk.seq) w->inflight = 0;
+        if (w->seq == s->tx_chunk.seq && s->tx_chunk.seq < c->seq_acked) free_copy(c, w);
         send_complete_check(c);
     }
 }
@@ -285,6 +309,10 @@ static void on_data_end(ls_comm *c, ls_stream *s) {
 static void on_ack(ls_comm *c, uint64_t cum) {
     if (cum > c->seq_next) return protocol_error(c, ncclInternalError, "an ack beyond what was sent");
     if (cum <= c->seq_acked) return;
+    for (uint64_t q = c->seq_acked; q < cum; q++) { /* acknowledged copies go (unless being written) */
+        ls_chunk *w = &c->window[q % LS_WINDOW];
+        if (w->seq == q && !w->inflight) free_copy(c, w);
+    }
     c->seq_acked = cum;
     uint64_t now = ls_now_ms();
     if (c->ack_before_failover_ms) { /* the first data acknowledged since the failover */
@@ -598,6 +626,7 @@ void ls_comm_free(ls_comm *c) {
     }
     for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
         if (c->pending_fds[i] >= 0) close(c->pending_fds[i]);
+    for (int i = 0; i < LS_WINDOW; i++) free(c->window[i].copy);
     if (c->wake_fd >= 0) close(c->wake_fd);
     if (c->netlink_fd >= 0) close(c->netlink_fd);
     pthread_mutex_destroy(&c->lock);

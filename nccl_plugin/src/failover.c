@@ -161,6 +161,10 @@ void ls_paths_tick(ls_comm *c, uint64_t now) {
             if (now - p->up_since_ms >= (uint64_t)ls_cfg.failback_stable_ms) p->backoff_ms = ls_cfg.failback_min_ms;
         } else if (p->state == LS_PATH_CONNECTING) {
             if (now - p->connect_started_ms > (uint64_t)ls_cfg.connect_timeout_ms) ls_path_dead(c, i, "connect timed out");
+        } else if (c->is_send && !p->carrier && now - p->carrier_checked_ms >= 500) {
+            /* netlink may have dropped the "up" (a full socket buffer while links flap): ask sysfs */
+            p->carrier_checked_ms = now;
+            p->carrier = ls_carrier(c->device.nics[p->local_nic].name);
         } else if (c->is_send && p->carrier && now >= p->retry_at_ms && (c->established || i == 0)) {
             ls_path_start_connect(c, i);
         }

@@ -38,6 +38,8 @@
 #define LS_MAX_RECVS 8     /* buffers of one grouped receive */
 #define LS_MAX_REQS NCCL_NET_MAX_REQUESTS
 #define LS_WINDOW 1024     /* chunks in flight (sent, not yet acknowledged) per comm */
+#define LS_COPY_MAX 65536  /* sends up to this size complete from a copy, before their acks */
+#define LS_COPY_BUDGET (8u << 20) /* bytes of such copies per comm */
 
 /* ---- config.c ---- */
 typedef struct {
@@ -158,6 +160,7 @@ typedef struct {
     uint32_t rindex, slot;
     int matched;
     int inflight;        /* chunks being written from `data` right now */
+    int copied;          /* every chunk is a copy: done without waiting for the acks */
     /* recv */
     int n;
     uint64_t index;
@@ -174,6 +177,9 @@ typedef struct {
     ls_req *req;
     size_t off, len;
     int inflight; /* being written on an open stream: not taken again until that ends */
+    char *copy;   /* a small message's bytes, kept until acknowledged (its send completed early) */
+    uint64_t msg_size;
+    uint32_t rindex, slot;
 } ls_chunk;
 
 typedef struct {
@@ -211,7 +217,8 @@ typedef struct {
     uint64_t retry_at_ms;
     uint64_t connect_started_ms;
     int backoff_ms;
-    int carrier;            /* local carrier, from netlink */
+    int carrier;            /* local carrier, from netlink (and sysfs while it is down) */
+    uint64_t carrier_checked_ms;
     int listen_fd;          /* acceptor: this path's listener */
     uint16_t listen_port;
 } ls_path;
@@ -262,6 +269,7 @@ typedef struct ls_comm {
     int pending_fds[LS_MAX_NICS * LS_MAX_STREAMS]; /* accepted, HELLO not yet read */
     uint64_t pending_since_ms[LS_MAX_NICS * LS_MAX_STREAMS];
     /* statistics */
+    size_t copy_bytes;      /* held in chunk copies */
     uint64_t caller_pass_us; /* NCCL's last call that moved data itself */
     uint64_t failovers, failbacks, resent_chunks, dup_chunks;
 } ls_comm;
