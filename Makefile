@@ -34,6 +34,12 @@ build/probemesh/lockstep-probed-asan: $(PROBED_SRC) $(PROBED_HDR)
 native: build/probemesh/lockstep-probed
 native-asan: build/probemesh/lockstep-probed-asan
 
+# The NCCL network plugin, nccl_plugin/build/libnccl-net-lockstep.so (NCCL_NET_PLUGIN points at
+# it; nccl_plugin/README.md). Its tests also build the sanitizer variant (make -C nccl_plugin asan).
+.PHONY: plugin
+plugin:
+	$(MAKE) -C nccl_plugin
+
 # The agent package /install.sh hands to nodes: the agent plus wheels of its dependencies,
 # fetched once here so nodes install without internet.
 agent-package: $(STAMP)
@@ -41,13 +47,13 @@ agent-package: $(STAMP)
 
 # The console on embedded defaults (SQLite, in-memory channel layer, tasks in-process) with an
 # emulated demo cluster; agents talk often so faults show within seconds.
-demo: $(STAMP) host-packages agent-package native
+demo: $(STAMP) host-packages agent-package native plugin
 	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
 # The whole suite, on the local PostgreSQL and Redis when they are installed (started if they
 # are down), or on DATABASE_URL/REDIS_URL when set; the first line says which parts it runs on.
-test: $(STAMP) host-packages native
+test: $(STAMP) host-packages native plugin
 	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The console and agent tests on embedded defaults (SQLite, no Redis).

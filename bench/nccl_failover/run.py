@@ -1,0 +1,264 @@
+"""NIC failover benchmark of libnccl-net-lockstep.so between two namespaces (testbed.ncclpair).
+
+    sudo .venv/bin/python bench/nccl_failover/run.py [--faults 100] [--kinds link_down,loss,flap]
+                                                     [--no-throughput] [--out results.json]
+
+Faults: one long checksummed transfer (the ctypes harness, as NCCL drives the plugin) while the
+primary NIC of the sending host is, --faults times per kind, taken down (`ip link set down`),
+made 100% lossy (nftables drop in and out) or flapped (down/up three times, 150 ms each), then
+restored; after each restore the plugin must fail back before the next fault. Per fault:
+  detection  fault injected -> the plugin's nccl.failover event (its own CLOCK_REALTIME stamp)
+  failover   last acknowledgement on the primary -> first on the standby (the plugin's
+             nccl.path_state "carrying" event, failover_ms)
+  stall      the longest gap between two completed receives around the fault, as the
+             application sees it (the harness's receive times)
+and at the end: every byte compared, no group lost or duplicated.
+
+Throughput/latency: bench/nccl_failover/tput.c, the plugin against plain TCP over nh0 between
+the same namespaces, 4 KiB to 4 MiB (bandwidth with 32 outstanding, ping-pong latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent.clusterclock import ClusterClock  # noqa: E402
+from agent.localsock.server import EventQueue, LocalSocketServer  # noqa: E402
+from testbed.ncclpair import HARNESS, PLUGIN_DIR, NcclPair  # noqa: E402
+from testbed.testing import unique_prefix  # noqa: E402
+
+LIB = PLUGIN_DIR / "build" / "libnccl-net-lockstep.so"
+TPUT = PLUGIN_DIR / "build" / "tput"
+SIZES = [4096, 65536, 1 << 20, 4 << 20]
+
+
+class Events:
+    def __init__(self, path: Path):
+        self.queue = EventQueue()
+        self.server = LocalSocketServer(path, self.queue, ClusterClock())
+        self.server.bind()
+        self.items: list[tuple[str, float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.server.serve_once(0.02)
+
+    def wait(self, after: int, pred, timeout: float):
+        """The first event past index `after` matching pred(kind, data): (index, ts, data) or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.items += self.queue.take(10000, 0.02)
+            for i in range(after, len(self.items)):
+                kind, ts, data = self.items[i]
+                if pred(kind, data):
+                    return i, ts, data
+        return None
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.server.close()
+
+
+def inject(pair: NcclPair, kind: str) -> None:
+    if kind == "link_down":
+        pair.link("a", "nh0", up=False)
+    elif kind == "loss":
+        pair.lossy("a", "nh0", on=True)
+    else:  # flap: down/up/down/up/down, restored below
+        for _ in range(2):
+            pair.link("a", "nh0", up=False)
+            time.sleep(0.15)
+            pair.link("a", "nh0", up=True)
+            time.sleep(0.15)
+        pair.link("a", "nh0", up=False)
+
+
+def restore(pair: NcclPair, kind: str) -> None:
+    if kind == "loss":
+        pair.lossy("a", "nh0", on=False)
+    else:
+        pair.link("a", "nh0", up=True)
+
+
+def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - one measured sequence
+    work = Path(tempfile.mkdtemp(prefix="lsnccl-bench"))
+    events = Events(Path(tempfile.mkdtemp(prefix="lsb", dir="/tmp")) / "agent.sock")
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET=str(events.server.path),
+               LOCKSTEP_NCCL_FAILBACK_STABLE_MS="300")
+    procs = {}
+    for role, host in (("recv", "b"), ("send", "a")):
+        argv = [sys.executable, HARNESS, role, "--lib", str(LIB), "--dir", str(work), "--until-stop", "--seed", "3"]
+        if role == "recv":
+            argv.append("--trace")
+        procs[role] = pair.popen(host, argv, env=env, stdout=open(work / f"{role}.out", "w"),  # noqa: SIM115
+                                 stderr=open(work / f"{role}.err", "w"))  # noqa: SIM115
+    while not (work / "progress").exists():
+        time.sleep(0.05)
+    per_fault = []
+    seen = 0
+    try:
+        for kind in kinds:
+            for i in range(n):
+                if any(p.poll() is not None for p in procs.values()):
+                    per_fault.append({"kind": kind, "i": i, "t0": time.time(), "missed": "the transfer ended"})
+                    break
+                t0 = time.time()
+                inject(pair, kind)
+                fo = events.wait(seen, lambda k, d: k == "nccl.failover" and d.get("from") == "nh0", 30)
+                while fo is not None and fo[1] < t0:  # a spurious one before this fault (counted below)
+                    fo = events.wait(fo[0] + 1, lambda k, d: k == "nccl.failover" and d.get("from") == "nh0", 30)
+                if fo is None:
+                    per_fault.append({"kind": kind, "i": i, "t0": t0, "missed": "no failover"})
+                    restore(pair, kind)
+                    continue
+                seen = fo[0] + 1
+                # only when data was waiting at the failover (else there is nothing to time)
+                carrying = events.wait(seen, lambda k, d: k == "nccl.path_state" and d.get("state") == "carrying", 1)
+                time.sleep(0.2)  # the fault lasts a little longer, then goes
+                t_restore = time.time()
+                restore(pair, kind)
+                # back on the primary: a failback, or (when the standby had died too) a failover to it
+                fb = events.wait(seen, lambda k, d: k in ("nccl.failback", "nccl.failover") and d.get("to") == "nh0", 20)
+                # detection counts from the injection (for a flap: its first down)
+                rec = {"kind": kind, "i": i, "t0": t0, "detection_ms": round((fo[1] - t0) * 1e3, 1),
+                       "reason": fo[2].get("reason")}
+                if carrying:
+                    rec["failover_ms"] = carrying[2].get("failover_ms")
+                if fb is None:
+                    rec["missed"] = "no failback"
+                else:
+                    seen = fb[0] + 1
+                    rec["failback_after_restore_ms"] = round((fb[1] - t_restore) * 1e3, 1)
+                per_fault.append(rec)
+                print(json.dumps(rec), flush=True)
+    finally:
+        (work / "stop").touch()
+        results = {}
+        for role, proc in procs.items():
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            lines = (work / f"{role}.out").read_text().splitlines()
+            results[role] = json.loads(lines[-1]) if lines else {"ok": False, "error": "no output"}
+        events.close()
+    completions = results["recv"].pop("completions", [])
+    for rec in per_fault:  # the application's stall: longest gap between completions around the fault
+        window = [t for t in completions if rec["t0"] - 1.0 <= t <= rec["t0"] + 5.0]
+        gaps = [b - a for a, b in zip(window, window[1:], strict=False)]
+        rec["stall_ms"] = round(max(gaps) * 1e3, 1) if gaps else None
+    quiet = [b - a for a, b in zip(completions, completions[1:], strict=False)]
+    # failovers no fault caused: the machine's load starved a process past the heartbeat time
+    injected = [r["t0"] for r in per_fault]
+    spurious = [ts for k, ts, d in events.items if k == "nccl.failover" and d.get("from") not in (None, "none")
+                and not any(t0 <= ts <= t0 + 5 for t0 in injected)]
+    shutil.rmtree(work, ignore_errors=True)
+    summary = {}
+    for kind in kinds:
+        recs = [r for r in per_fault if r["kind"] == kind and "missed" not in r]
+
+        def stat(field, recs=recs):
+            vals = sorted(r[field] for r in recs if r.get(field) is not None)
+            if not vals:
+                return None
+            p95 = vals[max(0, -(-95 * len(vals) // 100) - 1)]  # nearest rank
+            return {"n": len(vals), "median": statistics.median(vals), "p95": p95, "max": vals[-1]}
+
+        summary[kind] = {"faults": sum(1 for r in per_fault if r["kind"] == kind), "completed": len(recs),
+                         "detection_ms": stat("detection_ms"), "failover_ms": stat("failover_ms"),
+                         "stall_ms": stat("stall_ms")}
+    send, recv = results["send"], results["recv"]
+    intact = bool(send.get("ok") and recv.get("ok") and send.get("groups") == recv.get("groups")
+                  and send.get("bytes") == recv.get("bytes"))
+    return {"summary": summary, "intact": intact, "bytes": recv.get("bytes"), "groups": recv.get("groups"),
+            "errors": [r.get("error") for r in (send, recv) if r.get("error")],
+            "spurious_failovers": len(spurious),
+            "median_gap_between_completions_ms": round(statistics.median(quiet) * 1e3, 2) if quiet else None,
+            "faults": per_fault}
+
+
+def tput(pair: NcclPair) -> list[dict]:
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET="none")
+    rows = []
+    for size in SIZES:
+        iters = {"bw": max(200, (256 << 20) // size) if size >= 65536 else 20000, "lat": 1000 if size <= 65536 else 200}
+        for mode in ("bw", "lat"):
+            row = {"size": size, "mode": mode}
+            for transport in ("plugin", "tcp"):
+                vals = []
+                for _ in range(3):
+                    d = tempfile.mkdtemp(prefix="lsnccl-tput")
+                    args = ([str(LIB), d] if transport == "plugin" else [pair.address("b", "nh0"), "6001"])
+                    far = pair.popen("b", [str(TPUT), transport, *args, "b", str(size), str(iters[mode]), mode], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), transport, *args, "a",
+                                           str(size), str(iters[mode]), mode], env=env, capture_output=True, text=True,
+                                          timeout=300)
+                    try:
+                        far.wait(60)
+                    except subprocess.TimeoutExpired:
+                        far.kill()
+                    shutil.rmtree(d, ignore_errors=True)
+                    lines = near.stdout.strip().splitlines()
+                    if not lines:  # recorded, not hidden: the row says how many runs failed
+                        row.setdefault("failed_runs", []).append(f"{transport}: {near.stderr.strip()[-300:]}")
+                        continue
+                    out = json.loads(lines[-1])
+                    vals.append(out["MBps"] if mode == "bw" else out["one_way_us"])
+                row[transport] = statistics.median(vals) if vals else None
+            if row["plugin"] and row["tcp"]:
+                ratio = row["tcp"] / row["plugin"] if mode == "bw" else row["plugin"] / row["tcp"]
+                row["overhead_pct"] = round(ratio * 100 - 100, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--faults", type=int, default=100)
+    parser.add_argument("--kinds", default="link_down,loss,flap")
+    parser.add_argument("--no-throughput", action="store_true")
+    parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still tear the namespaces down
+    subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
+    subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}/include",
+                    "-o", str(TPUT), str(Path(__file__).with_name("tput.c")), "-ldl"], check=True)
+    pair = NcclPair.create("nb" + unique_prefix()[1:5])
+    try:
+        out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
+               "cpus": os.cpu_count(), "load1_at_start": os.getloadavg()[0], "kernel": platform.release()}
+        out["failover"] = faults(pair, args.faults, args.kinds.split(","))
+        if not args.no_throughput:
+            out["throughput"] = tput(pair)
+        out["load1_at_end"] = os.getloadavg()[0]
+    finally:
+        pair.destroy()
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "failover"} | {"summary": out["failover"]["summary"],
+                                                                          "intact": out["failover"]["intact"]}, indent=1))
+    return 0 if out["failover"]["intact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,634 @@
+/* Connection state and the per-comm progress thread: every socket of a comm is read and
+ * written here, with non-blocking I/O, so NCCL's proxy thread only ever takes the comm's lock
+ * for a moment (net.c). */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "plugin.h"
+
+#define SEND_FLAGS (MSG_DONTWAIT | MSG_NOSIGNAL)
+#define READ_BUDGET (4u << 20) /* bytes per stream per loop, so one busy stream cannot starve the rest */
+
+static void protocol_error(ls_comm *c, ncclResult_t rc, const char *what) {
+    if (c->error == ncclSuccess) {
+        LS_WARN("%s comm %p: %s", ls_role(c), (void *)c, what);
+        __atomic_store_n(&c->error, rc, __ATOMIC_RELEASE); /* test() reads it without the lock */
+    }
+}
+
+ls_comm *ls_comm_new(int is_send, int dev) {
+    ls_comm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->is_send = is_send;
+    c->dev = dev;
+    c->device = ls_cfg.devs[dev];
+    pthread_mutex_init(&c->lock, NULL);
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->netlink_fd = ls_netlink_open();
+    c->created_ms = ls_now_ms();
+    c->npaths = c->device.nnics;
+    for (int p = 0; p < LS_MAX_NICS; p++) {
+        ls_path *path = &c->paths[p];
+        path->local_nic = p;
+        path->nstreams = ls_cfg.streams;
+        path->listen_fd = -1;
+        path->backoff_ms = ls_cfg.failback_min_ms;
+        path->carrier = p < c->npaths ? ls_carrier(c->device.nics[p].name) : 0;
+        for (int s = 0; s < LS_MAX_STREAMS; s++) path->streams[s].fd = -1;
+    }
+    for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++) c->pending_fds[i] = -1;
+    for (int i = 0; i < LS_MAX_REQS; i++) c->reqs[i].comm = c;
+    c->active = 0;
+    return c;
+}
+
+void ls_comm_wake(ls_comm *c) {
+    uint64_t one = 1;
+    ssize_t rc = write(c->wake_fd, &one, sizeof one);
+    (void)rc; /* a full counter is already a wake-up */
+}
+
+/* ---- control frames ---- */
+
+int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len) {
+    if (s->fd < 0) return 0;
+    if (s->tx_ctrl_off == s->tx_ctrl_len) s->tx_ctrl_off = s->tx_ctrl_len = 0;
+    if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) { /* compact, then give up */
+        memmove(s->tx_ctrl, s->tx_ctrl + s->tx_ctrl_off, s->tx_ctrl_len - s->tx_ctrl_off);
+        s->tx_ctrl_len -= s->tx_ctrl_off;
+        s->tx_ctrl_off = 0;
+        if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) return -1;
+    }
+    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a, .b = b};
+    memcpy(s->tx_ctrl + s->tx_ctrl_len, &h, sizeof h);
+    if (len) memcpy(s->tx_ctrl + s->tx_ctrl_len + sizeof h, payload, len);
+    s->tx_ctrl_len += sizeof h + len;
+    return 0;
+}
+
+/* Control frames of a path go on its stream 0. A path that cannot take one more has not moved
+ * 64 KiB of control frames: it is stuck, and treated as dead so nothing it holds is relied on. */
+void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len) {
+    ls_path *p = &c->paths[path];
+    if (p->state == LS_PATH_DOWN) return;
+    if (ls_queue_ctrl(&p->streams[0], kind, a, 0, payload, len) != 0) ls_path_dead(c, path, "control backlog");
+}
+
+void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
+    ls_credit_slot slots[LS_MAX_RECVS];
+    memset(slots, 0, sizeof slots);
+    for (int i = 0; i < r->n; i++) {
+        slots[i].size = r->sizes[i];
+        slots[i].tag = r->tags[i];
+    }
+    ls_queue_on_path(c, path, LS_CREDIT, r->index, slots, (uint32_t)(r->n * (int)sizeof slots[0]));
+}
+
+/* ---- streams ---- */
+
+/* Whether writing the chunk reads the request's own buffer (a copy or no bytes do not; the
+ * request may be done and reused meanwhile). */
+#define READS_REQ(ch) ((ch)->len && !(ch)->copy)
+
+static void free_copy(ls_comm *c, ls_chunk *w) {
+    if (!w->copy) return;
+    free(w->copy);
+    w->copy = NULL;
+    c->copy_bytes -= w->len;
+}
+
+void ls_stream_close(ls_comm *c, ls_stream *s) {
+    if (s->fd < 0) return;
+    ls_sock_abort(s->fd);
+    if (s->tx_busy) { /* the chunk was not wholly written: it is sent again */
+        ls_chunk *ch = &s->tx_chunk;
+        if (READS_REQ(ch)) ch->req->inflight--;
+        ls_chunk *w = &c->window[ch->seq % LS_WINDOW];
+        if (w->seq == ch->seq) w->inflight = 0;
+        if (w->seq == ch->seq && ch->seq < c->seq_acked) free_copy(c, w);
+        if (ch->seq >= c->seq_acked && ch->seq < c->seq_unsent) c->seq_unsent = ch->seq;
+    }
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t port) {
+    ls_stream *s = &c->paths[path].streams[stream];
+    ls_stream_close(c, s);
+    s->fd = ls_sock_connect(&c->device.nics[c->paths[path].local_nic], addr, port);
+}
+
+static void send_complete_check(ls_comm *c) {
+    for (int i = 0; i < LS_MAX_REQS; i++) {
+        ls_req *r = &c->reqs[i];
+        if (r->used && !r->done && r->chunked && (r->copied || (c->seq_acked > r->last_seq && r->inflight == 0)))
+            __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* The sender cuts posted messages into chunks once their receive is known (credit). */
+static int match_credit(ls_comm *c, ls_req *r) {
+    if (c->credit_cur >= c->credits_known) return 0;
+    __typeof__(c->credits[0]) *cr = &c->credits[c->credit_cur % (LS_MAX_REQS * 2)];
+    int slot = -1;
+    for (int j = 0; j < cr->n; j++)
+        if (!cr->used[j] && cr->slots[j].tag == r->tag) { slot = j; break; }
+    if (slot < 0) {
+        protocol_error(c, ncclInvalidUsage, "an isend's tag matches no buffer of the receive posted for it");
+        return 0;
+    }
+    if (r->size > cr->slots[slot].size) {
+        protocol_error(c, ncclInvalidUsage, "an isend is larger than the receive buffer posted for it");
+        return 0;
+    }
+    cr->used[slot] = 1;
+    r->rindex = (uint32_t)c->credit_cur;
+    r->slot = (uint32_t)slot;
+    r->matched = 1;
+    if (++cr->nused == cr->n) c->credit_cur++;
+    return 1;
+}
+
+static void make_chunks(ls_comm *c) {
+    while (c->next_chunk_msg < c->next_msg && c->seq_next - c->seq_acked < LS_WINDOW) {
+        ls_req *r = c->send_order[c->next_chunk_msg % LS_MAX_REQS];
+        if (!r->matched && !match_credit(c, r)) return;
+        size_t len = r->size - r->chunk_off;
+        if (len > ls_cfg.chunk_bytes) len = ls_cfg.chunk_bytes;
+        ls_chunk *w = &c->window[c->seq_next % LS_WINDOW];
+        if (w->inflight || w->copy) return; /* an older copy of this slot is still being written */
+        if (r->chunk_off == 0) /* small sends complete at once from a copy (bounded), the rest on their acks */
+            r->copied = r->size <= LS_COPY_MAX && c->copy_bytes + r->size <= LS_COPY_BUDGET;
+        *w = (ls_chunk){.seq = c->seq_next, .req = r, .off = r->chunk_off, .len = len, .msg_size = r->size,
+                        .rindex = r->rindex, .slot = r->slot};
+        if (r->copied && len) {
+            w->copy = malloc(len);
+            if (!w->copy) return protocol_error(c, ncclSystemError, "out of memory for a send copy");
+            memcpy(w->copy, (char *)r->data + r->chunk_off, len);
+            c->copy_bytes += len;
+        }
+        r->chunk_off += len;
+        r->last_seq = c->seq_next++;
+        if (r->chunk_off >= r->size) {
+            r->chunked = 1;
+            c->next_chunk_msg++;
+        }
+    }
+}
+
+static int take_chunk(ls_comm *c, ls_stream *s) {
+    while (c->seq_unsent < c->seq_next && c->window[c->seq_unsent % LS_WINDOW].inflight) c->seq_unsent++;
+    if (c->seq_unsent >= c->seq_next) return 0;
+    ls_chunk *w = &c->window[c->seq_unsent % LS_WINDOW];
+    if (w->seq < c->seq_acked || w->seq >= c->seq_next) return 0;
+    w->inflight = 1;
+    if (READS_REQ(w)) w->req->inflight++;
+    s->tx_chunk = *w;
+    s->tx_hdr = (ls_hdr){.type = LS_MAGIC << 16 | LS_DATA, .len = (uint32_t)w->len, .a = w->seq,
+                         .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot};
+    s->tx_busy = 1;
+    s->tx_done = 0;
+    c->seq_unsent++;
+    return 1;
+}
+
+/* Writes what the stream has: control frames at frame boundaries, then data chunks (connector,
+ * active path). Returns -1 when the stream failed (the path is dead then). */
+static int stream_write(ls_comm *c, int path, ls_stream *s) {
+    ls_path *p = &c->paths[path];
+    if (c->is_send && !s->hello_done) {
+        int st = ls_sock_connected(s->fd);
+        if (st < 0) return -1;
+        if (st == 0) return 0;
+        ls_hello hello = {.conn_token = c->conn_token, .nnics = (uint32_t)c->npaths};
+        int idx = (int)(s - p->streams);
+        if (ls_queue_ctrl(s, LS_HELLO, c->listen_token, (uint64_t)path << 32 | (uint32_t)idx, &hello,
+                          sizeof hello) != 0)
+            return -1;
+        s->hello_done = 1;
+    }
+    for (;;) {
+        if (!s->tx_busy && s->tx_ctrl_off < s->tx_ctrl_len) {
+            ssize_t n = send(s->fd, s->tx_ctrl + s->tx_ctrl_off, s->tx_ctrl_len - s->tx_ctrl_off, SEND_FLAGS);
+            if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+            s->tx_ctrl_off += (size_t)n;
+            if (s->tx_ctrl_off < s->tx_ctrl_len) return 0;
+            continue;
+        }
+        if (!s->tx_busy) {
+            if (!c->is_send || path != c->active || p->state != LS_PATH_UP || !take_chunk(c, s)) return 0;
+        }
+        struct iovec iov[2];
+        int niov = 0;
+        size_t hdr_left = s->tx_done < sizeof s->tx_hdr ? sizeof s->tx_hdr - s->tx_done : 0;
+        if (hdr_left) iov[niov++] = (struct iovec){(char *)&s->tx_hdr + s->tx_done, hdr_left};
+        size_t pay_done = s->tx_done - (sizeof s->tx_hdr - hdr_left);
+        if (s->tx_chunk.len > pay_done)
+            iov[niov++] = (struct iovec){s->tx_chunk.copy ? s->tx_chunk.copy + pay_done
+                                                          : (char *)s->tx_chunk.req->data + s->tx_chunk.off + pay_done,
+                                         s->tx_chunk.len - pay_done};
+        ssize_t n = 0;
+        if (niov) {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+            n = sendmsg(s->fd, &mh, SEND_FLAGS);
+            if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        }
+        s->tx_done += (size_t)n;
+        if (s->tx_done < sizeof s->tx_hdr + s->tx_chunk.len) return 0;
+        s->tx_busy = 0;
+        if (READS_REQ(&s->tx_chunk)) s->tx_chunk.req->inflight--;
+        ls_chunk *w = &c->window[s->tx_chunk.seq % LS_WINDOW];
+        if (w->seq == s->tx_chunk.seq) w->inflight = 0;
+        if (w->seq == s->tx_chunk.seq && s->tx_chunk.seq < c->seq_acked) free_copy(c, w);
+        send_complete_check(c);
+    }
+}
+
+/* ---- receiving ---- */
+
+static int seen_bit(const ls_comm *c, uint64_t seq) { return c->seen_bits[(seq % LS_WINDOW) / 8] >> (seq % 8) & 1; }
+
+static void chunk_received(ls_comm *c, uint64_t seq, ls_req *r, int slot, size_t len, size_t total) {
+    c->seen_bits[(seq % LS_WINDOW) / 8] |= (uint8_t)(1u << (seq % 8));
+    while (seen_bit(c, c->cum)) {
+        c->seen_bits[(c->cum % LS_WINDOW) / 8] &= (uint8_t)~(1u << (c->cum % 8));
+        c->cum++;
+    }
+    r->got[slot] += len;
+    r->total[slot] = total;
+    r->seen[slot] = 1;
+    int done = 1;
+    for (int i = 0; i < r->n; i++) done &= r->seen[i] && r->got[i] == r->total[i];
+    if (done) __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    /* Another stream part-way through a copy of this chunk must not write into the buffer any
+     * more: NCCL may reuse it as soon as the receive is done. */
+    for (int p = 0; p < c->npaths; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *o = &c->paths[p].streams[s];
+            if (o->fd >= 0 && o->rx_in_payload && !o->rx_discard && o->rx_hdr.a == seq) {
+                o->rx_discard = 1;
+                o->rx_dest = NULL;
+                c->dup_chunks++;
+            }
+        }
+}
+
+static void on_data_header(ls_comm *c, ls_stream *s) {
+    ls_hdr *h = &s->rx_hdr;
+    uint64_t seq = h->a;
+    s->rx_discard = 1;
+    s->rx_dest = NULL;
+    if (seq < c->cum || (seq < c->cum + LS_WINDOW && seen_bit(c, seq))) {
+        c->dup_chunks++;
+        return;
+    }
+    if (seq >= c->cum + LS_WINDOW) return protocol_error(c, ncclInternalError, "a chunk beyond the window");
+    ls_req *r = c->recv_order[h->d % LS_MAX_REQS];
+    if (!r || !r->used || r->index != h->d || h->e >= (uint32_t)r->n)
+        return protocol_error(c, ncclInternalError, "a chunk for a receive that was not posted");
+    if (h->b > r->sizes[h->e] || h->c > h->b || h->len > h->b - h->c)
+        return protocol_error(c, ncclInvalidUsage, "a message larger than its receive buffer");
+    s->rx_discard = 0;
+    s->rx_dest = (char *)r->bufs[h->e] + h->c;
+}
+
+static void on_data_end(ls_comm *c, ls_stream *s) {
+    ls_hdr *h = &s->rx_hdr;
+    if (s->rx_discard) return;
+    ls_req *r = c->recv_order[h->d % LS_MAX_REQS];
+    chunk_received(c, h->a, r, (int)h->e, h->len, h->b);
+}
+
+static void on_ack(ls_comm *c, uint64_t cum) {
+    if (cum > c->seq_next) return protocol_error(c, ncclInternalError, "an ack beyond what was sent");
+    if (cum <= c->seq_acked) return;
+    for (uint64_t q = c->seq_acked; q < cum; q++) { /* acknowledged copies go (unless being written) */
+        ls_chunk *w = &c->window[q % LS_WINDOW];
+        if (w->seq == q && !w->inflight) free_copy(c, w);
+    }
+    c->seq_acked = cum;
+    uint64_t now = ls_now_ms();
+    if (c->ack_before_failover_ms) { /* the first data acknowledged since the failover */
+        char data[256];
+        snprintf(data, sizeof data,
+                 "{\"comm\":\"%p\",\"role\":\"send\",\"device\":%d,\"nic\":\"%s\",\"state\":\"carrying\","
+                 "\"failover_ms\":%llu,\"since_fault_ms\":%llu}",
+                 (void *)c, c->dev, c->active >= 0 ? c->device.nics[c->paths[c->active].local_nic].name : "none",
+                 (unsigned long long)(now - c->ack_before_failover_ms),
+                 (unsigned long long)(now - c->failover_started_ms));
+        ls_event("nccl.path_state", data);
+        c->ack_before_failover_ms = 0;
+    }
+    c->last_ack_ms = now;
+    if (c->seq_unsent < cum) c->seq_unsent = cum;
+    send_complete_check(c);
+}
+
+static void on_credit(ls_comm *c, const ls_hdr *h, const char *payload) {
+    if (h->a != c->credits_known) return; /* a replay over another path, already known */
+    if (c->credits_known - c->credit_cur >= LS_MAX_REQS * 2)
+        return protocol_error(c, ncclInternalError, "more receives posted than the plugin allows");
+    int n = (int)(h->len / sizeof(ls_credit_slot));
+    if (n < 1 || n > LS_MAX_RECVS) return protocol_error(c, ncclInternalError, "a credit with a bad count");
+    __typeof__(c->credits[0]) *cr = &c->credits[h->a % (LS_MAX_REQS * 2)];
+    memset(cr, 0, sizeof *cr);
+    cr->n = n;
+    memcpy(cr->slots, payload, (size_t)n * sizeof(ls_credit_slot));
+    c->credits_known++;
+}
+
+static void on_hello_ack(ls_comm *c, const ls_hdr *h, const char *payload) {
+    if (c->established || h->len != sizeof(ls_hello_ack)) return;
+    ls_hello_ack ack;
+    memcpy(&ack, payload, sizeof ack);
+    if (ack.nnics < 1 || ack.nnics > LS_MAX_NICS) return protocol_error(c, ncclInternalError, "a bad HELLO_ACK");
+    for (int p = 0; p < c->npaths; p++) {
+        ls_wire_addr *l = &ack.listeners[(uint32_t)p % ack.nnics];
+        c->paths[p].peer_addr = l->addr;
+        c->paths[p].peer_port = l->port;
+    }
+    c->established = 1;
+    for (int s = 1; s < c->paths[0].nstreams; s++) /* the rest of the primary's streams */
+        ls_stream_open(c, 0, s, c->paths[0].peer_addr, c->paths[0].peer_port);
+    for (int p = 1; p < c->npaths; p++) c->paths[p].retry_at_ms = 0; /* standbys connect now */
+}
+
+/* A whole frame arrived (its payload, for control frames, in rx_small). */
+static void on_frame(ls_comm *c, int path, ls_stream *s) {
+    ls_hdr *h = &s->rx_hdr;
+    uint32_t kind = h->type & 0xffff;
+    if (c->is_send && c->paths[path].state == LS_PATH_CONNECTING && s == &c->paths[path].streams[0])
+        ls_path_up(c, path);
+    switch (kind) {
+    case LS_DATA: on_data_end(c, s); break;
+    case LS_ACK: if (c->is_send) on_ack(c, h->a); break;
+    case LS_HEARTBEAT: if (c->is_send) on_ack(c, h->a); break;
+    case LS_CREDIT: if (c->is_send) on_credit(c, h, s->rx_small); break;
+    case LS_HELLO_ACK: if (c->is_send) on_hello_ack(c, h, s->rx_small); break;
+    default: protocol_error(c, ncclInternalError, "an unknown frame");
+    }
+}
+
+/* Reads what the stream has. Returns -1 when it failed or the peer closed it. */
+static int stream_read(ls_comm *c, int path, ls_stream *s) {
+    char sink[65536];
+    size_t budget = READ_BUDGET;
+    while (budget) {
+        ssize_t n;
+        if (!s->rx_in_payload) {
+            n = recv(s->fd, (char *)&s->rx_hdr + s->rx_hdr_got, sizeof s->rx_hdr - s->rx_hdr_got, MSG_DONTWAIT);
+        } else {
+            size_t want = s->rx_left < budget ? s->rx_left : budget;
+            char *dst = s->rx_dest ? s->rx_dest + s->rx_payload_got
+                        : (s->rx_hdr.type & 0xffff) == LS_DATA ? sink : s->rx_small + s->rx_payload_got;
+            if (dst == sink && want > sizeof sink) want = sizeof sink;
+            n = want ? recv(s->fd, dst, want, MSG_DONTWAIT) : 0;
+            if (!want) goto payload_done;
+        }
+        if (n == 0) return -1;
+        if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        c->paths[path].last_rx_ms = ls_now_ms();
+        budget -= (size_t)n < budget ? (size_t)n : budget;
+        if (!s->rx_in_payload) {
+            s->rx_hdr_got += (size_t)n;
+            if (s->rx_hdr_got < sizeof s->rx_hdr) continue;
+            s->rx_hdr_got = 0;
+            if (s->rx_hdr.type >> 16 != LS_MAGIC) {
+                protocol_error(c, ncclInternalError, "a frame without the plugin's magic");
+                return -1;
+            }
+            uint32_t kind = s->rx_hdr.type & 0xffff;
+            s->rx_in_payload = 1;
+            s->rx_left = s->rx_hdr.len;
+            s->rx_payload_got = 0;
+            s->rx_dest = NULL;
+            if (kind == LS_DATA) {
+                if (c->is_send) return -1;
+                on_data_header(c, s);
+                if (c->error) return -1;
+            } else if (s->rx_hdr.len > sizeof s->rx_small) {
+                protocol_error(c, ncclInternalError, "a control frame too long");
+                return -1;
+            }
+            if (s->rx_left) continue;
+        } else {
+            s->rx_left -= (size_t)n;
+            s->rx_payload_got += (size_t)n;
+            if (s->rx_left) continue;
+        }
+    payload_done:
+        s->rx_in_payload = 0;
+        on_frame(c, path, s);
+        if (c->error || s->fd < 0) return c->error ? -1 : 0;
+    }
+    return 0;
+}
+
+/* ---- the acceptor's listeners: later streams and paths of this connection ---- */
+
+static void attach_stream(ls_comm *c, int fd, const ls_hdr *h, const ls_hello *hello) {
+    uint32_t path = (uint32_t)(h->b >> 32), stream = (uint32_t)h->b;
+    if (hello->conn_token != c->conn_token || path >= (uint32_t)c->npaths || stream >= LS_MAX_STREAMS) {
+        close(fd);
+        return;
+    }
+    ls_path *p = &c->paths[path];
+    ls_stream_close(c, &p->streams[stream]); /* the connector replaced it */
+    p->streams[stream].fd = fd;
+    if (p->nstreams < (int)stream + 1) p->nstreams = (int)stream + 1;
+    p->last_rx_ms = ls_now_ms();
+    if (stream == 0) {
+        if (p->state != LS_PATH_UP) ls_path_up(c, (int)path);
+        /* answer at once (the connector waits for it to call the path up), and replay every
+         * receive still open so the connector can rely on this path alone */
+        ls_queue_on_path(c, (int)path, LS_HEARTBEAT, c->cum, NULL, 0);
+        for (uint64_t k = c->recv_next > LS_MAX_REQS ? c->recv_next - LS_MAX_REQS : 0; k < c->recv_next; k++) {
+            ls_req *r = c->recv_order[k % LS_MAX_REQS];
+            if (r && r->used && r->index == k && !r->done) ls_queue_credit(c, (int)path, r);
+        }
+    }
+}
+
+static void poll_pending(ls_comm *c, uint64_t now) {
+    for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++) {
+        int fd = c->pending_fds[i];
+        if (fd < 0) continue;
+        char buf[sizeof(ls_hdr) + sizeof(ls_hello)];
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT | MSG_PEEK);
+        if (n == (ssize_t)sizeof buf) {
+            n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            ls_hdr h;
+            ls_hello hello;
+            memcpy(&h, buf, sizeof h);
+            memcpy(&hello, buf + sizeof h, sizeof hello);
+            c->pending_fds[i] = -1;
+            if (n == (ssize_t)sizeof buf && h.type == (LS_MAGIC << 16 | LS_HELLO) && h.len == sizeof hello &&
+                h.a == c->listen_token)
+                attach_stream(c, fd, &h, &hello);
+            else
+                close(fd);
+        } else if (n == 0 || (n < 0 && errno != EAGAIN) ||
+                   now - c->pending_since_ms[i] > (uint64_t)ls_cfg.connect_timeout_ms) {
+            close(fd);
+            c->pending_fds[i] = -1;
+        }
+    }
+}
+
+static void accept_on(ls_comm *c, int lfd, uint64_t now) {
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        size_t i = 0;
+        while (i < sizeof c->pending_fds / sizeof c->pending_fds[0] && c->pending_fds[i] >= 0) i++;
+        if (i == sizeof c->pending_fds / sizeof c->pending_fds[0]) {
+            close(fd);
+            continue;
+        }
+        c->pending_fds[i] = fd;
+        c->pending_since_ms[i] = now;
+    }
+}
+
+/* One round of non-blocking I/O on every stream: read what arrived, cut chunks, write what can
+ * be written, acknowledge. Run by the progress thread after each poll and, when the lock is
+ * free, by NCCL's own calls (isend/irecv/test), which saves a thread wake-up per message. */
+void ls_progress_pass(ls_comm *c, int from_caller) {
+    if (from_caller) c->caller_pass_us = ls_now_us();
+    for (int p = 0; p < c->npaths && !c->error; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *st = &c->paths[p].streams[s];
+            if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
+                if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
+                if (!c->error) ls_path_dead(c, p, "socket closed or failed");
+                break;
+            }
+        }
+    if (c->is_send) make_chunks(c);
+    /* write everything that can be written (cheap when nothing is ready) */
+    for (int p = 0; p < c->npaths && !c->error; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *st = &c->paths[p].streams[s];
+            if (st->fd >= 0 && stream_write(c, p, st) != 0) {
+                if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
+                ls_path_dead(c, p, "socket closed or failed");
+                break;
+            }
+        }
+    if (!c->is_send && c->cum != c->acked_sent) {
+        for (int p = 0; p < c->npaths; p++) ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
+        c->acked_sent = c->cum;
+        for (int p = 0; p < c->npaths; p++)
+            if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
+                ls_path_dead(c, p, "socket closed or failed");
+    }
+}
+
+/* ---- the loop ---- */
+
+enum { W_WAKE, W_NETLINK, W_LISTEN, W_PENDING, W_STREAM };
+#define MAX_PFD (2 + LS_MAX_NICS + LS_MAX_NICS * LS_MAX_STREAMS * 2)
+
+static void *progress(void *arg) {
+    ls_comm *c = arg;
+    struct pollfd pfd[MAX_PFD];
+    struct { int kind, path, stream; } what[MAX_PFD];
+    pthread_mutex_lock(&c->lock);
+    while (!c->stop) {
+        int n = 0;
+        pfd[n] = (struct pollfd){.fd = c->wake_fd, .events = POLLIN};
+        what[n++].kind = W_WAKE;
+        if (c->netlink_fd >= 0) {
+            pfd[n] = (struct pollfd){.fd = c->netlink_fd, .events = POLLIN};
+            what[n++].kind = W_NETLINK;
+        }
+        /* While NCCL keeps calling test() it moves the data itself; the thread then stays out
+         * of its way (no lock hand-offs per message) and only keeps time: heartbeats, timeouts. */
+        int caller_driving = ls_now_us() - c->caller_pass_us < 2000;
+        int any_pending = 0;
+        for (int p = 0; p < c->npaths; p++) {
+            if (c->paths[p].listen_fd >= 0) {
+                pfd[n] = (struct pollfd){.fd = c->paths[p].listen_fd, .events = POLLIN};
+                what[n].kind = W_LISTEN;
+                what[n++].path = p;
+            }
+            for (int s = 0; s < LS_MAX_STREAMS; s++) {
+                ls_stream *st = &c->paths[p].streams[s];
+                if (st->fd < 0 || caller_driving) continue;
+                short ev = POLLIN;
+                if ((c->is_send && !st->hello_done) || st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len ||
+                    (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
+                    ev |= POLLOUT;
+                pfd[n] = (struct pollfd){.fd = st->fd, .events = ev};
+                what[n].kind = W_STREAM;
+                what[n].path = p;
+                what[n++].stream = s;
+            }
+        }
+        for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
+            if (c->pending_fds[i] >= 0 && n < MAX_PFD) {
+                pfd[n] = (struct pollfd){.fd = c->pending_fds[i], .events = POLLIN};
+                what[n++].kind = W_PENDING;
+                any_pending = 1;
+            }
+        int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 10;
+        pthread_mutex_unlock(&c->lock);
+        poll(pfd, (nfds_t)n, timeout);
+        pthread_mutex_lock(&c->lock);
+        uint64_t now = ls_now_ms();
+        for (int i = 0; i < n && !c->stop; i++) {
+            if (!pfd[i].revents) continue;
+            if (what[i].kind == W_WAKE) {
+                uint64_t v;
+                ssize_t rc = read(c->wake_fd, &v, sizeof v);
+                (void)rc;
+            } else if (what[i].kind == W_NETLINK) {
+                ls_netlink_read(c);
+            } else if (what[i].kind == W_LISTEN) {
+                accept_on(c, pfd[i].fd, now);
+            } /* streams: the pass below reads and writes every one of them */
+        }
+        if (any_pending) poll_pending(c, now);
+        if (!caller_driving) ls_progress_pass(c, 0);
+        ls_paths_tick(c, ls_now_ms()); /* after the reads: their times are not in the future */
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+int ls_comm_start(ls_comm *c) {
+    if (c->wake_fd < 0) return -1;
+    if (pthread_create(&c->thread, NULL, progress, c) != 0) return -1;
+    c->thread_started = 1;
+    return 0;
+}
+
+void ls_comm_free(ls_comm *c) {
+    if (!c) return;
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->lock);
+        c->stop = 1;
+        pthread_mutex_unlock(&c->lock);
+        ls_comm_wake(c);
+        pthread_join(c->thread, NULL);
+    }
+    for (int p = 0; p < LS_MAX_NICS; p++) {
+        for (int s = 0; s < LS_MAX_STREAMS; s++)
+            if (c->paths[p].streams[s].fd >= 0) close(c->paths[p].streams[s].fd);
+        if (c->paths[p].listen_fd >= 0) close(c->paths[p].listen_fd);
+    }
+    for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
+        if (c->pending_fds[i] >= 0) close(c->pending_fds[i]);
+    for (int i = 0; i < LS_WINDOW; i++) free(c->window[i].copy);
+    if (c->wake_fd >= 0) close(c->wake_fd);
+    if (c->netlink_fd >= 0) close(c->netlink_fd);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
