@@ -15,6 +15,7 @@ from api.serializers.audits import (
 )
 from api.viewsets import ScopedViewSetMixin
 from console.audits import report, services
+from console.core.errors import NotFound
 from console.audits.models import AuditRun, AuditSchedule
 
 
@@ -72,7 +73,9 @@ def schedule_response(view, request, cluster) -> Response:
     """GET/PUT /clusters/{id}/audit-schedule/."""
     if request.method == "GET":
         schedule = AuditSchedule.objects.filter(cluster=cluster).first()
-        return Response(AuditScheduleSerializer(schedule).data if schedule else None)
+        if schedule is None:
+            raise NotFound("This cluster has no audit schedule; PUT one to create it.")
+        return Response(AuditScheduleSerializer(schedule).data)
     view.require_role(cluster.organization_id)
     body = request.data if isinstance(request.data, dict) else {}
     schedule = services.set_schedule(cluster, interval_s=body.get("interval_s"), enabled=body.get("enabled", True),

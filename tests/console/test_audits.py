@@ -266,6 +266,8 @@ def test_a_node_back_from_maintenance_returns_to_service_only_when_it_passes(wor
 @pytest.mark.django_db
 def test_a_scheduled_audit_starts_when_due(world, site):
     url = f"/api/v1/clusters/{site.cluster.pk}/audit-schedule/"
+    absent = world.client("carol").get(url)
+    assert absent.status_code == 404 and "no audit schedule" in absent.json()["detail"]
     assert world.client("carol").put(url, {"interval_s": 60}, format="json").status_code == 400
     assert world.client("bob").put(url, {"interval_s": 3600}, format="json").status_code == 403
     response = world.client("carol").put(url, {"interval_s": 3600, "options": {"load": False}}, format="json")
