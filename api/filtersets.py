@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters as filters
 
+from console.clocks.models import ClockState, ClockSync, NodeClock, PairEstimate
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.telemetry.models import TelemetryRecord
@@ -86,3 +87,23 @@ class TelemetryRecordFilterSet(filters.FilterSet):
     class Meta:
         model = TelemetryRecord
         fields = ["cluster", "node", "kind", "since", "until"]
+
+
+class ClockSyncFilterSet(filters.FilterSet):
+    class Meta:
+        model = ClockSync
+        fields = ["cluster", "running"]
+
+
+class NodeClockFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=ClockState.choices)
+
+    class Meta:
+        model = NodeClock
+        fields = ["cluster", "node", "state"]
+
+
+class PairEstimateFilterSet(filters.FilterSet):
+    class Meta:
+        model = PairEstimate
+        fields = ["cluster", "node", "peer", "flagged"]

@@ -100,8 +100,17 @@ class FleetCollector(Collector):
 
 
 FLEET = FleetCollector()
-if not MULTIPROCESS:
-    REGISTRY.register(FLEET)
+_DATABASE_COLLECTORS: list[Collector] = []
+
+
+def register_database_collector(collector: Collector) -> None:
+    """A collector that reads the database at each scrape (the same in every process): served once."""
+    _DATABASE_COLLECTORS.append(collector)
+    if not MULTIPROCESS:
+        REGISTRY.register(collector)
+
+
+register_database_collector(FLEET)
 
 
 def _registry() -> CollectorRegistry:
@@ -111,7 +120,8 @@ def _registry() -> CollectorRegistry:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    registry.register(FLEET)
+    for collector in _DATABASE_COLLECTORS:
+        registry.register(collector)
     return registry
 
 
