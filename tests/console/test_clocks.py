@@ -26,8 +26,12 @@ TRUTH = {"c-node0": (0.0, 0.0), "c-node1": (5_000_000.0, 12.0), "c-node2": (-3_0
 
 
 @pytest.fixture
-def eager_tasks(monkeypatch):
-    monkeypatch.setattr(celery_app.conf, "task_always_eager", True)
+def eager_tasks():
+    """The solve task runs in the test (with Redis it would go to a worker this test has not started)."""
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = before
 
 
 def topology(hosts):
