@@ -68,7 +68,7 @@ class ClockSync:
         elif self.prober is not None:
             self.prober.set_peers(peers)
         corr = plan["correction"]
-        if corr is not None and corr != (self.plan or {}).get("correction"):
+        if corr is not None:  # every correction the console sends is fresh, even one equal to the last
             self.clock.update(corr["offset_ns"], corr["drift_ppm"], corr["sigma_ns"], corr["t_ref_ns"],
                               corr["reference"])
             self.correction_at = self.source.now_ns()
