@@ -187,3 +187,31 @@ def test_members_read_clock_state_operators_start_and_stop_and_outsiders_see_not
     assert not ClockSync.objects.filter(cluster=cluster).exists()
     stops = Command.objects.filter(cluster=cluster, type="activity.set", args__state="stopped")
     assert sorted(c.node.name for c in stops) == sorted(TRUTH)
+
+
+def test_the_sweep_replans_when_a_node_leaves_and_marks_silent_nodes_stale(
+        cluster, eager_tasks, django_capture_on_commit_callbacks, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from console.clocks import tasks
+    from console.fleet.models import Node, NodeState
+
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "CLOCK_SOLVE_MIN_INTERVAL_S": 0, "CLOCK_ESTIMATE_MAX_AGE_S": 10**9}
+    services.start(cluster)
+    report_round(cluster, 1, T0, capture=django_capture_on_commit_callbacks)
+    assert tasks.replan_and_sweep() == 1  # nothing changed: the graph stays, nobody is stale
+    assert set(NodeClock.objects.filter(cluster=cluster).values_list("state", flat=True)) == {"reference", "synced"}
+
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "CLOCK_ESTIMATE_MAX_AGE_S": 30}
+    NodeClock.objects.filter(cluster=cluster).update(solved_at=timezone.now() - timedelta(minutes=5))
+    Node.objects.filter(cluster=cluster, name="c-node2").update(state=NodeState.LOST)
+    before = Command.objects.count()
+    tasks.replan_and_sweep()
+    sync = ClockSync.objects.get(cluster=cluster)
+    assert sync.planned == ["c-node0", "c-node1"] and sync.nodes_total == 2
+    replanned = {c.node.name: c.args["args"] for c in Command.objects.order_by("created")[before:]}
+    assert sorted(replanned) == ["c-node0", "c-node1"]
+    assert replanned["c-node1"]["peers"] == [["c-node0", "10.9.0.1"]]
+    assert NodeClock.objects.get(cluster=cluster, node__name="c-node1").state == ClockState.STALE
