@@ -31,7 +31,7 @@ class NodeClockSerializer(serializers.ModelSerializer):
     class Meta:
         model = NodeClock
         fields = ["id", "organization", "cluster", "node", "node_name", "state", "offset_ns", "drift_ppm", "sigma_ns",
-                  "bound_ns", "solved_at", "corrected_at", "steps", "last_step_ns", "last_step_at", "history"]
+                  "jitter_ns", "bound_ns", "solved_at", "corrected_at", "steps", "last_step_ns", "last_step_at", "history"]
         read_only_fields = fields
 
 

@@ -7,7 +7,7 @@
 2. The console on embedded defaults (``manage.py serve``: SQLite, the solve in-process) in a
    temporary directory; one real agent per host; clock sync started through the API.
 3. Every second, each agent's local socket ``time``: the offset it serves against the truth at
-   that instant. Reported: for every host pair, the error of the synchronized time between them
+   the instant it read its clock (its answer's cluster time + offset: no socket latency). Reported: for every host pair, the error of the synchronized time between them
    ((served_i − served_j) − (true_i − true_j)), p50 and p99 after the first ``--settle`` s; the
    time from the start until every node serves ``synced`` within 1 µs of the truth; the console's
    own stated bounds; the agents' CPU (whole agent processes: probing, estimation, everything).
@@ -54,6 +54,13 @@ def _cpu_of(pid: int) -> float:
         return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def _real_instant(source: ClockSource, local_ns: int) -> int:
+    real = local_ns - source.offset_ns
+    for _ in range(3):
+        real = local_ns - (source.transform(real) - real)
+    return real
 
 
 def _pct(values, q) -> float:
@@ -156,9 +163,10 @@ def main(args) -> int:
             row: dict = {"t": elapsed, "err": {}, "synced": {}}
             for h in hosts:
                 answer = sockets[h].time(timeout=2)
-                real = time.time_ns()
                 if not answer:
                     continue
+                # the instant the agent read its clock (cluster time + offset is its local reading)
+                real = _real_instant(clocks[h], int(answer["cluster_time_ns"]) + round(answer["offset_ns"]))
                 truth = clocks[h].transform(real) - clocks[ref].transform(real)
                 row["err"][h] = float(answer["offset_ns"]) - truth
                 row["synced"][h] = bool(answer["synced"])
@@ -179,6 +187,7 @@ def main(args) -> int:
             "pair_error_max_ns": _pct(pairs, 100), "to_reference_p99_ns": _pct(to_ref, 99),
             "converged_within_1us_s": converged_at,
             "console_bound_ns": {r["node_name"]: r["bound_ns"] for r in shown},
+            "console_sigma_ns": {r["node_name"]: r["sigma_ns"] for r in shown},
             "console_worst_bound_ns": quality["worst_bound_ns"], "flagged_pairs": len(quality["flagged"]),
             "agent_cpu_cores_mean": float(np.mean(list(cpu.values()))), "correct_every_s": args.correct_every,
             "load_before": load_before, "load_after": os.getloadavg(), "output": str(out),

@@ -61,8 +61,11 @@ class NodeClock(ClusterOwnedModel):
                                   help_text="This node's clock minus the reference's, at solved_at.")
     drift_ppm = models.FloatField(verbose_name="drift (ppm)", null=True, blank=True)
     sigma_ns = models.FloatField(verbose_name="uncertainty σ (ns)", null=True, blank=True)
+    jitter_ns = models.FloatField(verbose_name="solve-to-solve jitter (ns)", null=True, blank=True,
+                                  help_text="RMS of how far each solve lands from the last one's prediction.")
     bound_ns = models.FloatField(verbose_name="bound (ns)", null=True, blank=True,
-                                 help_text="3 σ: the cluster time this node serves is within this of the reference.")
+                                 help_text="3 × √(σ² + jitter²): the cluster time this node serves is within this "
+                                           "of the reference's clock.")
     t_local_ns = models.BigIntegerField(verbose_name="solve instant on the node's clock", null=True, blank=True)
     solved_at = models.DateTimeField(verbose_name="solved at", null=True, blank=True)
     corrected_at = models.DateTimeField(verbose_name="correction sent at", null=True, blank=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 from datetime import timedelta
 
 from django.conf import settings
@@ -27,8 +28,8 @@ from console.commands.services import issue_command
 from console.core.errors import Invalid, NotFound
 from console.fleet.models import Nic, Node, NodeState
 from console.live.publish import publish
+from workers.clocksolve.network import BOUND_SIGMAS, probe_pairs, solve_cluster
 from workers.clocksolve.network import PairEstimate as Estimate
-from workers.clocksolve.network import probe_pairs, solve_cluster
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ ACTIVITY = "clock.sync"
 # much, and by more than 10 bounds, is a clock step: said, counted, and corrected at once.
 STEP_MIN_NS = 10_000.0
 STEP_BOUNDS = 10.0
+JITTER_WEIGHT = 0.2
 
 
 def _setting(name: str):
@@ -216,13 +218,18 @@ def solve(cluster_id: int):
                         clock.last_step_ns, clock.last_step_at = jump, now
                         due.add(name)
                         log.warning("event=clock_step cluster=%s node=%s step_ns=%.0f", cluster_id, name, jump)
+                    else:
+                        clock.jitter_ns = _jitter(clock.jitter_ns, jump)
                 was_synced = clock.state in (ClockState.SYNCED, ClockState.REFERENCE)
                 clock.state = ClockState.REFERENCE if name == sync.reference.name else ClockState.SYNCED
                 clock.offset_ns, clock.drift_ppm = corr.offset_ns, corr.drift_ppm
-                clock.sigma_ns, clock.bound_ns, clock.t_local_ns = corr.sigma_ns, corr.bound_ns, corr.t_local_ns
+                clock.sigma_ns, clock.t_local_ns = corr.sigma_ns, corr.t_local_ns
+                # The solve's σ is statistical; how far each solve lands from the last one's
+                # prediction (errors no loop can see, drift error between solves) widens the bound.
+                clock.bound_ns = BOUND_SIGMAS * math.hypot(corr.sigma_ns, clock.jitter_ns or 0.0)
                 clock.solved_at = now
                 clock.history = [*clock.history, [round(now.timestamp(), 3), round(corr.offset_ns, 1),
-                                                  round(corr.bound_ns, 1)]][-NodeClock.HISTORY_MAX:]
+                                                  round(clock.bound_ns, 1)]][-NodeClock.HISTORY_MAX:]
                 if not was_synced or clock.corrected_at is None or now - clock.corrected_at >= correct_every:
                     due.add(name)
             clock.save()
@@ -235,7 +242,8 @@ def solve(cluster_id: int):
             row.flagged = bool(res and res["flagged"])
             row.save(update_fields=["residual_ns", "flagged", "updated"])
         sync.solved_at = now
-        sync.worst_bound_ns = solution.worst_bound_ns
+        bounds = [c.bound_ns for c in clocks.values() if c.state in (ClockState.SYNCED, ClockState.REFERENCE)]
+        sync.worst_bound_ns = max(bounds, default=None)
         sync.nodes_synced = len(solution.nodes)
         sync.flagged, sync.disconnected = solution.flagged[:100], solution.disconnected[:1000]
         sync.noise_scale = solution.noise_scale
@@ -244,6 +252,13 @@ def solve(cluster_id: int):
         if due:
             replan(sync, only=due)
     return solution
+
+
+def _jitter(previous: float | None, residual: float) -> float:
+    """RMS of the prediction residuals, exponentially weighted (the last ~5 solves)."""
+    if previous is None:
+        return abs(residual)
+    return math.sqrt((1 - JITTER_WEIGHT) * previous**2 + JITTER_WEIGHT * residual**2)
 
 
 def _predicted(clock: NodeClock, at_ns: int) -> float | None:

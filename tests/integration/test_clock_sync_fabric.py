@@ -143,9 +143,11 @@ def test_agents_in_namespaces_sync_to_the_reference_and_a_stepped_clock_is_detec
         def served(host):
             """The agent's local socket: synced, and its offset the truth now (within what it serves)."""
             answer = AgentSocket(str(fab.agents()[host]["state_dir"]) + "/agent.sock").time(timeout=2)
-            real = time.time_ns()
+            if not answer or not answer["synced"]:
+                return False
+            real = real_instant(clocks[host], int(answer["cluster_time_ns"]) + round(answer["offset_ns"]))
             truth = clocks[host].transform(real) - clocks[ref].transform(real)
-            return answer and answer["synced"] and abs(answer["offset_ns"] - truth) < SERVED_BOUND_NS
+            return abs(answer["offset_ns"] - truth) < SERVED_BOUND_NS
 
         for host in fab.hosts:
             wait_until(lambda h=host: served(h), 60, f"{host}'s local socket serving cluster time", interval=0.5)
