@@ -62,13 +62,15 @@ class NodeClock(ClusterOwnedModel):
     drift_ppm = models.FloatField(verbose_name="drift (ppm)", null=True, blank=True)
     sigma_ns = models.FloatField(verbose_name="uncertainty σ (ns)", null=True, blank=True)
     jitter_ns = models.FloatField(verbose_name="solve-to-solve jitter (ns)", null=True, blank=True,
-                                  help_text="RMS of how far each solve lands from the last one's prediction.")
+                                  help_text="RMS of how far each solve lands from what the node serves.")
     bound_ns = models.FloatField(verbose_name="bound (ns)", null=True, blank=True,
                                  help_text="3 × √(σ² + jitter²): the cluster time this node serves is within this "
                                            "of the reference's clock.")
     t_local_ns = models.BigIntegerField(verbose_name="solve instant on the node's clock", null=True, blank=True)
     solved_at = models.DateTimeField(verbose_name="solved at", null=True, blank=True)
     corrected_at = models.DateTimeField(verbose_name="correction sent at", null=True, blank=True)
+    correction = models.JSONField(verbose_name="correction sent", null=True, blank=True,
+                                  help_text="The last correction sent to the node (what it serves, extrapolated).")
     steps = models.PositiveIntegerField(verbose_name="clock steps detected", default=0)
     last_step_ns = models.FloatField(verbose_name="last step (ns)", null=True, blank=True)
     last_step_at = models.DateTimeField(verbose_name="last step at", null=True, blank=True)

@@ -132,8 +132,8 @@ def replan(sync: ClockSync, only: set[str] | None = None) -> list[str]:
         plan = _plan_of(sync, node, addresses[name], [[p, addresses[p]] for p in sorted(neighbours[name])], clock)
         issue_command(node, "activity.set", {"name": ACTIVITY, "args": plan})
         if clock is not None:
-            clock.corrected_at = now
-            clock.save(update_fields=["corrected_at", "updated"])
+            clock.corrected_at, clock.correction = now, plan["correction"]
+            clock.save(update_fields=["corrected_at", "correction", "updated"])
         sent.append(name)
     return sent
 
@@ -219,13 +219,15 @@ def solve(cluster_id: int):
                         due.add(name)
                         log.warning("event=clock_step cluster=%s node=%s step_ns=%.0f", cluster_id, name, jump)
                     else:
-                        clock.jitter_ns = _jitter(clock.jitter_ns, jump)
+                        # what the node serves now (its correction, extrapolated) against this solve
+                        served = _served(clock.correction, solution.at_ns)
+                        clock.jitter_ns = _jitter(clock.jitter_ns, jump if served is None else corr.offset_ns - served)
                 was_synced = clock.state in (ClockState.SYNCED, ClockState.REFERENCE)
                 clock.state = ClockState.REFERENCE if name == sync.reference.name else ClockState.SYNCED
                 clock.offset_ns, clock.drift_ppm = corr.offset_ns, corr.drift_ppm
                 clock.sigma_ns, clock.t_local_ns = corr.sigma_ns, corr.t_local_ns
-                # The solve's σ is statistical; how far each solve lands from the last one's
-                # prediction (errors no loop can see, drift error between solves) widens the bound.
+                # The solve's σ is statistical; how far each solve lands from what the node serves
+                # (errors no loop can see, drift error since the correction) widens the bound.
                 clock.bound_ns = BOUND_SIGMAS * math.hypot(corr.sigma_ns, clock.jitter_ns or 0.0)
                 clock.solved_at = now
                 clock.history = [*clock.history, [round(now.timestamp(), 3), round(corr.offset_ns, 1),
@@ -255,10 +257,18 @@ def solve(cluster_id: int):
 
 
 def _jitter(previous: float | None, residual: float) -> float:
-    """RMS of the prediction residuals, exponentially weighted (the last ~5 solves)."""
+    """RMS of the served-vs-solved residuals, exponentially weighted (the last ~5 solves)."""
     if previous is None:
         return abs(residual)
     return math.sqrt((1 - JITTER_WEIGHT) * previous**2 + JITTER_WEIGHT * residual**2)
+
+
+def _served(correction: dict | None, at_ns: int) -> float | None:
+    """The offset a node serves at the reference instant ``at_ns`` with the correction it was sent."""
+    if not correction:
+        return None
+    since = at_ns - (correction["t_ref_ns"] - correction["offset_ns"])
+    return correction["offset_ns"] + correction["drift_ppm"] * 1e-6 * since
 
 
 def _predicted(clock: NodeClock, at_ns: int) -> float | None:
