@@ -73,6 +73,7 @@ def start(cluster, *, peers: int = 4, rate_hz: float = 200.0, window_s: float = 
         sync.running, sync.peers, sync.rate_hz, sync.window_s = True, peers, rate_hz, window_s
         sync.save()
         replan(sync)
+        _publish_sync(sync)
     return sync
 
 
@@ -145,6 +146,7 @@ def _reference_clock(sync: ClockSync, node: Node, clock: NodeClock | None) -> No
     clock.state, clock.offset_ns, clock.drift_ppm, clock.sigma_ns, clock.bound_ns = ClockState.REFERENCE, 0.0, 0.0, 0.0, 0.0
     clock.t_local_ns = clock.t_local_ns or 1
     clock.save()
+    _publish_node(clock, node.name)
     return clock
 
 
