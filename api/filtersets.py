@@ -10,6 +10,7 @@ from rest_framework import exceptions
 from rest_framework.filters import OrderingFilter
 
 from console.audits.models import AuditRun, RunState, Verdict
+from console.clocks.models import ClockState, ClockSync, NodeClock, PairEstimate
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
 from console.telemetry.models import TelemetryRecord
@@ -164,3 +165,23 @@ class AuditRunFilterSet(filters.FilterSet):
     class Meta:
         model = AuditRun
         fields = ["cluster", "state", "verdict", "trigger"]
+
+
+class ClockSyncFilterSet(filters.FilterSet):
+    class Meta:
+        model = ClockSync
+        fields = ["cluster", "running"]
+
+
+class NodeClockFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=ClockState.choices)
+
+    class Meta:
+        model = NodeClock
+        fields = ["cluster", "node", "state"]
+
+
+class PairEstimateFilterSet(filters.FilterSet):
+    class Meta:
+        model = PairEstimate
+        fields = ["cluster", "node", "peer", "flagged"]

@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from api.agent import views as agent_views
 from api.views.audits import AuditRunViewSet
+from api.views.clocks import ClockSyncViewSet, NodeClockViewSet, PairEstimateViewSet
 from api.views.commands import CommandTypeViewSet, CommandViewSet
 from api.views.fleet import (
     ClusterViewSet,
@@ -32,6 +33,9 @@ router.register("commands", CommandViewSet, basename="command")
 router.register("command-types", CommandTypeViewSet, basename="commandtype")
 router.register("telemetry", TelemetryRecordViewSet, basename="telemetryrecord")
 router.register("audits", AuditRunViewSet, basename="auditrun")
+router.register("clock-syncs", ClockSyncViewSet, basename="clocksync")
+router.register("node-clocks", NodeClockViewSet, basename="nodeclock")
+router.register("clock-pairs", PairEstimateViewSet, basename="pairestimate")
 
 agent_urls = [
     path("enroll", agent_views.enroll, name="agent-enroll"),

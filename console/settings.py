@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "console.agentdist",
     "console.web",
     "console.audits",
+    "console.clocks",
     "api",
     "axes",
 ]
@@ -186,6 +187,10 @@ CELERY_BEAT_SCHEDULE = {
     "start-scheduled-audits": {
         "task": "console.audits.tasks.start_scheduled_audits",
         "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
+    "clocks-replan-and-sweep": {
+        "task": "console.clocks.tasks.replan_and_sweep",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_CLOCK_SWEEP_INTERVAL_S", 15)),
     },
 }
 
@@ -299,6 +304,11 @@ LOCKSTEP = {
     "TOPOLOGY_MAX_BYTES": env_int("LOCKSTEP_TOPOLOGY_MAX_BYTES", 64 * 1024 * 1024),
     # Live updates: more events than this for one group in one flush collapse into a refresh.
     "LIVE_MAX_EVENTS_PER_FLUSH": env_int("LOCKSTEP_LIVE_MAX_EVENTS_PER_FLUSH", 50),
+    # Clock sync (console/clocks): the network solve runs at most this often per cluster, a node's
+    # correction is re-sent at least this often, and estimates older than this are left out.
+    "CLOCK_SOLVE_MIN_INTERVAL_S": env_int("LOCKSTEP_CLOCK_SOLVE_MIN_INTERVAL_S", 2),
+    "CLOCK_CORRECT_EVERY_S": env_int("LOCKSTEP_CLOCK_CORRECT_EVERY_S", 10),
+    "CLOCK_ESTIMATE_MAX_AGE_S": env_int("LOCKSTEP_CLOCK_ESTIMATE_MAX_AGE_S", 30),
 }
 
 # /metrics (console/core/metrics.py): a bearer token, or a client in one of these networks.

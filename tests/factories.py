@@ -8,11 +8,14 @@ from django.utils import timezone
 
 from console.audits import services as audit_services
 from console.audits.models import AuditRun
+from console.clocks import services as clock_services
+from console.clocks.models import ClockSync, NodeClock, PairEstimate
 from console.commands import services as command_services
 from console.commands.models import Command
 from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.services import apply_inventory, enroll, import_topology
+from console.telemetry.kinds import StoredRecord, StoredRecords
 from console.telemetry.models import TelemetryRecord
 from console.telemetry.services import ingest
 
@@ -70,6 +73,9 @@ class Fleet:
     command: Command
     record: TelemetryRecord
     audit: AuditRun
+    clock_sync: ClockSync
+    node_clock: NodeClock
+    pair_estimate: PairEstimate
 
 
 def make_fleet(organization, name: str = "cluster") -> Fleet:
@@ -81,11 +87,19 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     node = enrolled.node
     apply_inventory(node, inventory_doc(node.name, node.machine_id))
     command, _ = command_services.issue_command(node, "node.health", {})
-    ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}}]},
+    clock_sync = clock_services.start(cluster)
+    estimate = {"node": node.name, "t_ref_ns": 1_796_403_600_000_000_000, "window_s": 2.0,
+                "pairs": [{"peer": f"{prefix}1", "offset_ns": 1830.5, "drift_ppm": 0.41, "sigma_ns": 120.0}]}
+    ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}},
+                                        {"kind": "clock.estimate", "ts": timezone.now().isoformat(), "data": estimate}]},
            100)
     # an audit of the cluster: its one node is still enrolling, so it is not audited (a warning)
     audit, _ = audit_services.start_audit(cluster, options={"load": False})
     audit_services.advance(audit)
+    # the clock.estimate handler (it runs after commit, which these tests' transactions never reach)
+    record = TelemetryRecord.objects.get(node=node, kind="clock.estimate")
+    clock_services.store_estimates(StoredRecords("clock.estimate", organization.pk, cluster.pk, node.pk,
+                                                 record.batch_id, 1, (StoredRecord(record.pk, record.ts, record.data),)))
     return Fleet(
         cluster=cluster,
         node=node,
@@ -96,6 +110,9 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
         switch=Switch.objects.get(cluster=cluster, name="leaf-0"),
         link=Link.objects.get(cluster=cluster, name="leaf-0~spine-0#0"),
         command=command,
-        record=TelemetryRecord.objects.get(node=node),
         audit=AuditRun.objects.get(pk=audit.pk),
+        record=TelemetryRecord.objects.get(node=node, kind="node.health"),
+        clock_sync=clock_sync,
+        node_clock=NodeClock.objects.get(node=node),
+        pair_estimate=PairEstimate.objects.get(node=node),
     )

@@ -24,7 +24,7 @@ from agent.commands.registry import (
 
 # Modules that ship with the agent and register command types or activities when imported.
 BUILTIN_MODULES = ("agent.commands.builtin", "agent.activities.builtin", "agent.audit.commands",
-                   "agent.probemesh.activity")
+                   "agent.probemesh.activity", "agent.clocksync.activity")
 
 
 def load_modules(extra: tuple[str, ...] | list[str] = ()) -> None:

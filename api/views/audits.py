@@ -15,8 +15,8 @@ from api.serializers.audits import (
 )
 from api.viewsets import ScopedViewSetMixin
 from console.audits import report, services
-from console.core.errors import NotFound
 from console.audits.models import AuditRun, AuditSchedule
+from console.core.errors import NotFound
 
 
 class AuditRunViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -2,11 +2,14 @@
 
     python -m bench.clocksync offline [--traces N] [--graphs N] [--json FILE]
     python -m bench.clocksync fabric  [--hosts N] [--duration S] [--json FILE]   (root: namespaces)
+    python -m bench.clocksync wired   [--hosts N] [--duration S] [--json FILE]   (root: namespaces)
 
 ``offline``: the estimator and the solver against generated traces and graphs and the shared
 examples, with the chrony-style regression and plain/Huber least squares beside them.
 ``fabric``: hosts in network namespaces with random virtual clocks probing each other with the
 agent's prober, estimated and solved, against the truth and against chrony on the same fabric.
+``wired``: the whole system — real agents, the console, corrections as commands — and the
+cluster time each agent's local socket serves, against the truth.
 """
 
 from __future__ import annotations
@@ -32,10 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     fab.add_argument("--out", help="directory for traces, logs and results (default: a temporary one)")
     fab.add_argument("--json", help="write the results here")
     fab.add_argument("--keep-traces", action="store_true", help="keep every round's traces (analysis)")
+    wired = sub.add_parser("wired", help="real agents and the console on an emulated fabric (root)")
+    wired.add_argument("--hosts", type=int, default=6)
+    wired.add_argument("--duration", type=float, default=120.0, help="seconds of sampling after the start")
+    wired.add_argument("--settle", type=float, default=30.0, help="seconds left out of the error percentiles")
+    wired.add_argument("--peers", type=int, default=4, help="peers per host")
+    wired.add_argument("--correct-every", type=int, default=10, help="LOCKSTEP_CLOCK_CORRECT_EVERY_S")
+    wired.add_argument("--seed", type=int, default=1)
+    wired.add_argument("--out", help="directory for logs and results (default: a temporary one)")
+    wired.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.what == "offline":
         from bench.clocksync.offline import main as offline
         return offline(args)
+    if args.what == "wired":
+        from bench.clocksync.wired import main as wired
+        return wired(args)
     from bench.clocksync.fabric import main as fabric
     return fabric(args)
 

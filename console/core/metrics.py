@@ -12,6 +12,7 @@ What is measured, and where:
 | `lockstep_telemetry_batches_total` | counter | organization_id, outcome (stored, duplicate) | same |
 | `lockstep_telemetry_rejects_total` | counter | organization_id, reason | `api.agent.views.telemetry` |
 | `lockstep_telemetry_handler_errors_total` | counter | kind | `console.telemetry.kinds` (a handler raised) |
+| `lockstep_clock_worst_bound_ns`, `lockstep_clock_nodes_synced`, `lockstep_clock_nodes_planned` | gauge | organization_id, cluster_id | the database, at each scrape (`console/clocks/metrics.py`) |
 
 Node counts come from the database, so every console process reports the same numbers.
 Counters, the gauge of held polls and the histogram are per process: the console normally runs
@@ -100,8 +101,17 @@ class FleetCollector(Collector):
 
 
 FLEET = FleetCollector()
-if not MULTIPROCESS:
-    REGISTRY.register(FLEET)
+_DATABASE_COLLECTORS: list[Collector] = []
+
+
+def register_database_collector(collector: Collector) -> None:
+    """A collector that reads the database at each scrape (the same in every process): served once."""
+    _DATABASE_COLLECTORS.append(collector)
+    if not MULTIPROCESS:
+        REGISTRY.register(collector)
+
+
+register_database_collector(FLEET)
 
 
 def _registry() -> CollectorRegistry:
@@ -111,7 +121,8 @@ def _registry() -> CollectorRegistry:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    registry.register(FLEET)
+    for collector in _DATABASE_COLLECTORS:
+        registry.register(collector)
     return registry
 
 

@@ -19,6 +19,7 @@ from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.clocks.models import ClockSync, NodeClock
 from console.core.errors import DomainError
 from console.fleet import services
 from console.fleet.install_command import install_command
@@ -140,6 +141,8 @@ def cluster(request, pk: int):
         "live_groups": [cluster_group(cluster.organization_id, cluster.pk)],
         "status": status,
         "map_svg": render_map(drawing, health, f"Fabric topology of {cluster.name}") if drawing else None,
+        "clock_sync": ClockSync.objects.filter(cluster=cluster).select_related("reference").first(),
+        "node_clocks": NodeClock.objects.filter(cluster=cluster).select_related("node").order_by("node__name"),
     }, status=201 if created_token else 200)
     if created_token:
         response["Cache-Control"] = "no-store"  # the token is shown once; keep it out of caches

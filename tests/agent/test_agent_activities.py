@@ -326,7 +326,7 @@ def test_activity_set_refusals_fail_the_command_with_a_sentence(console, start_d
     running = start_daemon(console, enroll_token=console.create_token())
     node = node_of(running)
     ids = {
-        "unknown": console.enqueue(node, "activity.set", {"name": "clock.sync"}),
+        "unknown": console.enqueue(node, "activity.set", {"name": "nvml.watch"}),
         "essential": console.enqueue(node, "activity.set", {"name": "agent.heartbeat", "state": "stopped"}),
         "bad_plan": console.enqueue(node, "activity.set", {"name": "test.ticker", "args": {"interval_s": "often"}}),
         "bad_state": console.enqueue(node, "activity.set", {"name": "test.ticker", "state": "paused"}),
@@ -334,8 +334,8 @@ def test_activity_set_refusals_fail_the_command_with_a_sentence(console, start_d
     wait_for(lambda: all(finished(console, c) for c in ids.values()), 15, "the refused commands")
     errors = {k: (console.command(c).status, console.command(c).error) for k, c in ids.items()}
     assert errors["unknown"][0] == "failed"
-    assert errors["unknown"][1].startswith("Invalid arguments: unknown activity 'clock.sync': this agent (version ")
-    assert "health.report, inventory.report, probe.mesh, test.crasher, test.ticker" in errors["unknown"][1]
+    assert errors["unknown"][1].startswith("Invalid arguments: unknown activity 'nvml.watch': this agent (version ")
+    assert "clock.sync, health.report, inventory.report, probe.mesh, test.crasher, test.ticker" in errors["unknown"][1]
     assert errors["essential"] == ("failed", "Invalid arguments: activity 'agent.heartbeat' is essential to the "
                                              "agent: it always runs and is not stopped or re-planned by commands.")
     assert errors["bad_plan"] == ("failed", "Invalid arguments: activity 'test.ticker': argument 'interval_s' must "

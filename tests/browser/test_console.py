@@ -193,3 +193,25 @@ def test_an_operator_creates_an_enrollment_token_and_reads_the_install_command(p
     enrolled = requests.post(f"{live_console}/api/v1/agent/enroll", timeout=10,
                              json={"token": match.group(1), "host": {"hostname": "newhost", "machine_id": "m-new"}})
     assert enrolled.status_code == 201, enrolled.text
+
+
+def test_starting_clock_sync_updates_the_clock_panel_live(page, live_console, world, sign_in):
+    fleet = make_fleet(world.acme)
+    sign_in("bob")
+    page.get(f"{live_console}/clusters/{fleet.cluster.pk}/")
+    wait_for_indicator(page, "live")
+    cell = f'#node-clocks tr[data-name="{fleet.node.name}"] [data-field="state"]'
+    assert page.find_element(By.CSS_SELECTOR, cell).text == "unsynced"
+    assert page.find_element(By.CSS_SELECTOR, '#clock-summary [data-field="nodes_total"]').text == "0"
+    mark_page(page)
+    beat = requests.post(f"{live_console}/api/v1/agent/heartbeat", json={"agent_version": "0.1.0"},
+                         headers={"Authorization": f"Bearer {fleet.credential}"}, timeout=10)
+    assert beat.json()["node_state"] == "ready"
+    # An operator (re)starts clock sync: the ready node is planned, and as the only one it is the reference.
+    started = api(live_console, world, "carol", "POST", "clock-syncs/", json={"cluster": fleet.cluster.pk})
+    assert started.status_code == 201, started.text
+    wait(page, lambda p: p.find_element(By.CSS_SELECTOR, cell).text == "reference", "the node's clock state")
+    wait(page, lambda p: p.find_element(By.CSS_SELECTOR, '#clock-summary [data-field="nodes_total"]').text == "1",
+         "the cluster's clock summary")
+    assert "state-reference" in css_class(page, cell)
+    assert same_page(page)

@@ -134,10 +134,34 @@
     scheduleRefresh();
   }
 
+  // Clock sync (console/clocks): a node's row and the cluster's summary, from the event itself.
+  function fmt(value, digits) {
+    return value === null || value === undefined ? "\u2014" : Number(value).toFixed(digits);
+  }
+
+  function applyClock(kind, data) {
+    var row = kind === "clock.node" ? document.querySelector('#node-clocks tr[data-node="' + data.node + '"]')
+                                    : document.getElementById("clock-summary");
+    if (!row) { scheduleRefresh(); return; }
+    var shown = kind === "clock.node"
+      ? { state: data.state, offset_ns: fmt(data.offset_ns, 0), drift_ppm: fmt(data.drift_ppm, 3),
+          bound_ns: fmt(data.bound_ns, 0), steps: String(data.steps) }
+      : { nodes_synced: String(data.nodes_synced), nodes_total: String(data.nodes_total),
+          worst_bound_ns: data.worst_bound_ns === null ? "\u2014" : fmt(data.worst_bound_ns, 0) + " ns",
+          flagged: String(data.flagged), disconnected: String(data.disconnected) };
+    Object.keys(shown).forEach(function (field) {
+      var el = row.querySelector('[data-field="' + field + '"]');
+      if (!el) return;
+      el.textContent = shown[field];
+      if (field === "state") el.className = "state state-" + shown[field];
+    });
+  }
+
   function onEvents(message) {
     message.events.forEach(function (event) {
       if (event.kind === "command") return;  // commands do not change what these pages show
-      if (statusUrl && event.kind === "node") applyNode(event.data);
+      if (event.kind === "clock.node" || event.kind === "clock.sync") applyClock(event.kind, event.data);
+      else if (statusUrl && event.kind === "node") applyNode(event.data);
       else if (statusUrl && event.kind === "topology") topologyChanged();
       else scheduleRefresh();
     });
