@@ -6,6 +6,7 @@ import django_filters as filters
 
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.jobs.models import Job, JobCapture, PathEvent, WeightVersion
 from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
 
@@ -86,3 +87,29 @@ class TelemetryRecordFilterSet(filters.FilterSet):
     class Meta:
         model = TelemetryRecord
         fields = ["cluster", "node", "kind", "since", "until"]
+
+
+class JobFilterSet(filters.FilterSet):
+    name = filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Job
+        fields = ["organization", "cluster", "node", "name"]
+
+
+class JobCaptureFilterSet(filters.FilterSet):
+    class Meta:
+        model = JobCapture
+        fields = ["cluster", "job", "kind"]
+
+
+class WeightVersionFilterSet(filters.FilterSet):
+    class Meta:
+        model = WeightVersion
+        fields = ["cluster", "job", "publisher", "version"]
+
+
+class PathEventFilterSet(filters.FilterSet):
+    class Meta:
+        model = PathEvent
+        fields = ["cluster", "node", "kind", "comm"]

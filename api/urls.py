@@ -13,6 +13,7 @@ from api.views.fleet import (
     NodeViewSet,
     SwitchViewSet,
 )
+from api.views.jobs import JobCaptureViewSet, JobViewSet, PathEventViewSet, WeightVersionViewSet
 from api.views.telemetry import TelemetryRecordViewSet
 from api.views.tenancy import ApiTokenViewSet, MembershipViewSet, OrganizationViewSet
 
@@ -30,6 +31,10 @@ router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollmen
 router.register("commands", CommandViewSet, basename="command")
 router.register("command-types", CommandTypeViewSet, basename="commandtype")
 router.register("telemetry", TelemetryRecordViewSet, basename="telemetryrecord")
+router.register("jobs", JobViewSet, basename="job")
+router.register("job-captures", JobCaptureViewSet, basename="jobcapture")
+router.register("weight-versions", WeightVersionViewSet, basename="weightversion")
+router.register("path-events", PathEventViewSet, basename="pathevent")
 
 agent_urls = [
     path("enroll", agent_views.enroll, name="agent-enroll"),

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "console.agentdist",
     "console.web",
     "api",
+    "console.jobs",
 ]
 
 MIDDLEWARE = [
