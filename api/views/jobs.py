@@ -1,5 +1,10 @@
 from api.filtersets import JobCaptureFilterSet, JobFilterSet, PathEventFilterSet, WeightVersionFilterSet
-from api.serializers.jobs import JobCaptureSerializer, JobSerializer, PathEventSerializer, WeightVersionSerializer
+from api.serializers.jobs import (
+    JobCaptureSerializer,
+    JobSerializer,
+    PathEventSerializer,
+    WeightVersionSerializer,
+)
 from api.viewsets import ScopedReadOnlyViewSet
 from console.jobs.models import Job, JobCapture, PathEvent, WeightVersion
 

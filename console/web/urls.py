@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.jobs import views as job_views
 from console.web import views
 
 urlpatterns = [
@@ -15,4 +16,6 @@ urlpatterns = [
     path("clusters/<int:pk>/status.json", views.cluster_status_json, name="cluster-status"),
     path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
          name="revoke-enrollment-token"),
+    path("clusters/<int:pk>/jobs/", job_views.cluster_jobs, name="cluster-jobs"),
+    path("jobs/<int:pk>/", job_views.job, name="job"),
 ]

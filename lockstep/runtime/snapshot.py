@@ -20,6 +20,7 @@ goes live. Nothing is replayed: every collective after the boundary runs live.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 
@@ -28,6 +29,7 @@ import torch
 from lockstep.runtime import smallstate
 from lockstep.runtime.replacement import Logs, Plan
 
+WRITE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_SNAPSHOT_WRITE_TIMEOUT_S", "300"))
 _ENGINE = None
 _ENGINE_LOCK = threading.Lock()
 
@@ -46,9 +48,22 @@ def _engine():
         return _ENGINE
 
 
+_WRITING: list[threading.Thread] = []
+
+
 def on_order(rt, msg: dict):
     """The orchestrator's ``snapshot`` order (control thread): capture beside the held main thread."""
-    threading.Thread(target=_capture, args=(rt, msg), name="lockstep-snapshot", daemon=True).start()
+    thread = threading.Thread(target=_capture, args=(rt, msg), name="lockstep-snapshot", daemon=True)
+    _WRITING[:] = [t for t in _WRITING if t.is_alive()] + [thread]
+    thread.start()
+
+
+@atexit.register
+def _finish_writing():
+    """A script that ends while its snapshot drains: the file is finished and reported first
+    (the orchestrator publishes the snapshot only once every rank has said so)."""
+    for thread in list(_WRITING):
+        thread.join(WRITE_TIMEOUT_S)
 
 
 def _capture(rt, msg: dict):
@@ -77,7 +92,7 @@ def _capture(rt, msg: dict):
     send({"op": "snapshot_staged", "id": sid, "step": state.step_no, "staged_s": round(handle.staged_s, 6),
           "bytes": handle.nbytes, "undiscovered": state.undiscovered})
     try:
-        result = handle.wait()
+        result = handle.wait(WRITE_TIMEOUT_S)
     except Exception as exc:
         send({"op": "snapshot_failed", "id": sid, "error": str(exc)[:300]})
         return
