@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import render
+from django.views.decorators.http import require_GET
 
 from console.jobs.models import Job, PathEvent
 from console.live.groups import cluster_group
@@ -16,6 +17,7 @@ SHOWN = 50
 
 
 @tenant_view
+@require_GET
 def cluster_jobs(request, pk: int):
     cluster = _cluster_or_404(request, pk)
     jobs = (Job.objects.filter(cluster=cluster).select_related("node")
@@ -30,8 +32,9 @@ def cluster_jobs(request, pk: int):
 
 
 @tenant_view
-def job(request, pk: int):
-    found = Job.objects.filter(pk=pk).select_related("node", "cluster").first()
+@require_GET
+def job(request, job_pk: int):
+    found = Job.objects.filter(pk=job_pk).select_related("node", "cluster").first()
     if found is None:
         raise Http404("No such job.")
     return render(request, "web/job.html", {

@@ -17,5 +17,5 @@ urlpatterns = [
     path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
          name="revoke-enrollment-token"),
     path("clusters/<int:pk>/jobs/", job_views.cluster_jobs, name="cluster-jobs"),
-    path("jobs/<int:pk>/", job_views.job, name="job"),
+    path("jobs/<int:job_pk>/", job_views.job, name="job"),
 ]

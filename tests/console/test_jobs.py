@@ -73,13 +73,13 @@ def test_forwarded_events_become_the_job_its_captures_versions_and_path_events(f
         assert (checkpoint.identifier, checkpoint.step, checkpoint.paused_s) == ("s50", 50, 0.002)
         version = WeightVersion.objects.get(job=job)
         assert version.version == 3 and version.holders["r1"]["applied"] == 2
-        assert [(e.kind, e.from_device, e.to_device) for e in PathEvent.objects.filter(node=fleet.node)] == [
+        assert [(e.kind, e.from_device, e.to_device) for e in PathEvent.objects.filter(node=fleet.node, comm="0x7f3a")] == [
             ("failback", "mlx5_1", "mlx5_0"), ("failover", "mlx5_0", "mlx5_1")]
     # A retried or repeated event adds nothing; an older heartbeat does not move the job back.
     with django_capture_on_commit_callbacks(execute=True):
         assert post(fleet, 21, [event("job.snapshot", SNAPSHOT), heartbeat(step=10) | {"ts": TS - 60}]).status_code == 202
     with scoping.for_organization(fleet.node.organization_id):
-        assert JobCapture.objects.filter(kind="snapshot").count() == 1
+        assert JobCapture.objects.filter(kind="snapshot", job__name="train-7").count() == 1
         assert Job.objects.get(name="train-7").step == 40
 
 
@@ -108,12 +108,16 @@ def test_every_change_is_published_live_to_the_cluster(fleet, django_capture_on_
 ])
 def test_a_bad_event_is_refused_naming_its_field_and_nothing_is_stored(fleet, kind, data, field,
                                                                        django_capture_on_commit_callbacks):
+    with scoping.for_organization(fleet.node.organization_id):
+        before = (Job.objects.count(), JobCapture.objects.count(), WeightVersion.objects.count(),
+                  PathEvent.objects.count())
     with django_capture_on_commit_callbacks(execute=True):
         response = post(fleet, 30, [event(kind, data)])
     assert response.status_code == 400
     assert list(response.json()["fields"]) == [field], response.json()
     with scoping.for_organization(fleet.node.organization_id):
-        assert not Job.objects.exists() and not PathEvent.objects.exists()
+        assert before == (Job.objects.count(), JobCapture.objects.count(), WeightVersion.objects.count(),
+                          PathEvent.objects.count())
 
 
 @pytest.fixture
@@ -127,7 +131,7 @@ def reported(fleet, world, django_capture_on_commit_callbacks):
 @pytest.mark.parametrize("name", ["alice", "bob"])
 def test_owner_and_member_see_the_job_and_what_it_captured(world, fleet, reported, name):
     client = world.client(name)
-    jobs = client.get("/api/v1/jobs/").json()["results"]
+    jobs = client.get("/api/v1/jobs/?name=train-7").json()["results"]
     assert [(j["name"], j["step"], j["world_size"]) for j in jobs] == [("train-7", 40, 4)]
     captures = client.get(f"/api/v1/job-captures/?job={reported.pk}").json()["results"]
     assert sorted(c["kind"] for c in captures) == ["checkpoint", "snapshot"]
@@ -135,7 +139,7 @@ def test_owner_and_member_see_the_job_and_what_it_captured(world, fleet, reporte
     assert [c["identifier"] for c in only] == [SNAPSHOT["id"]]
     versions = client.get(f"/api/v1/weight-versions/?job={reported.pk}").json()["results"]
     assert [v["version"] for v in versions] == [3]
-    events = client.get(f"/api/v1/path-events/?node={fleet.node.pk}").json()["results"]
+    events = client.get(f"/api/v1/path-events/?node={fleet.node.pk}&comm=0x7f3a").json()["results"]
     assert [e["kind"] for e in events] == ["failback", "failover"]
     assert client.get(f"/api/v1/jobs/{reported.pk}/").json()["ranks"][1]["step"] == 40
 

@@ -45,6 +45,7 @@ def _snapshot(job: Job) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # three 4-rank runs of the script (reference, snapshotted, restored)
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_snapshot_of_a_running_job_restores_bitwise(script, job_factory, tmp_path_factory, tmp_path):
     args = CASES[script]
@@ -74,6 +75,7 @@ def test_snapshot_of_a_running_job_restores_bitwise(script, job_factory, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_periodic_snapshots_of_a_job(job_factory):
     job = job_factory("mlp_sampler.py", CASES["mlp_sampler.py"], subcommand=("run", "--snapshot-every", "2s"))
     assert job.wait() == 0, job.output[-4000:]
