@@ -82,7 +82,10 @@ DESCRIPTIONS = {
 }
 
 for _name, _validate in VALIDATORS.items():
-    kinds.register(TelemetryKind(name=f"event.{_name}", description=DESCRIPTIONS[_name], validate=_validate))
+    # Only over the console's generic stand-in: a feature that registered its own shape first
+    # (the NCCL plugin's app, say) keeps it, and the handlers below attach to it.
+    if kinds.get(f"event.{_name}").generic:
+        kinds.register(TelemetryKind(name=f"event.{_name}", description=DESCRIPTIONS[_name], validate=_validate))
 
 
 def _node(stored: StoredRecords) -> Node:
