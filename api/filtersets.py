@@ -13,6 +13,7 @@ from console.audits.models import AuditRun, RunState, Verdict
 from console.clocks.models import ClockState, ClockSync, NodeClock, PairEstimate
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.jobs.models import Job, JobCapture, PathEvent, WeightVersion
 from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
 
@@ -185,3 +186,27 @@ class PairEstimateFilterSet(filters.FilterSet):
     class Meta:
         model = PairEstimate
         fields = ["cluster", "node", "peer", "flagged"]
+class JobFilterSet(filters.FilterSet):
+    name = filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Job
+        fields = ["organization", "cluster", "node", "name"]
+
+
+class JobCaptureFilterSet(filters.FilterSet):
+    class Meta:
+        model = JobCapture
+        fields = ["cluster", "job", "kind"]
+
+
+class WeightVersionFilterSet(filters.FilterSet):
+    class Meta:
+        model = WeightVersion
+        fields = ["cluster", "job", "publisher", "version"]
+
+
+class PathEventFilterSet(filters.FilterSet):
+    class Meta:
+        model = PathEvent
+        fields = ["cluster", "node", "kind", "comm"]

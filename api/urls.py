@@ -15,6 +15,7 @@ from api.views.fleet import (
     NodeViewSet,
     SwitchViewSet,
 )
+from api.views.jobs import JobCaptureViewSet, JobViewSet, PathEventViewSet, WeightVersionViewSet
 from api.views.telemetry import TelemetryRecordViewSet
 from api.views.tenancy import ApiTokenViewSet, MembershipViewSet, OrganizationViewSet
 
@@ -36,6 +37,10 @@ router.register("audits", AuditRunViewSet, basename="auditrun")
 router.register("clock-syncs", ClockSyncViewSet, basename="clocksync")
 router.register("node-clocks", NodeClockViewSet, basename="nodeclock")
 router.register("clock-pairs", PairEstimateViewSet, basename="pairestimate")
+router.register("jobs", JobViewSet, basename="job")
+router.register("job-captures", JobCaptureViewSet, basename="jobcapture")
+router.register("weight-versions", WeightVersionViewSet, basename="weightversion")
+router.register("path-events", PathEventViewSet, basename="pathevent")
 
 agent_urls = [
     path("enroll", agent_views.enroll, name="agent-enroll"),

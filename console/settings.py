@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "console.clocks",
     "api",
     "axes",
+    "console.jobs",
 ]
 
 MIDDLEWARE = [

@@ -1,8 +1,9 @@
 """The ``lockstep`` command.
 
-    lockstep run [--job NAME] [--spares N] [--scheduler local|slurm|kubernetes] -- torchrun [ARGS] SCRIPT [ARGS]
+    lockstep run [--job NAME] [--spares N] [--snapshot-every 5m] [--scheduler local|slurm|kubernetes] -- torchrun [ARGS] SCRIPT [ARGS]
     lockstep jobs [--json]
     lockstep migrate --job NAME --rank R
+    lockstep snapshot --job NAME / lockstep restore --job NAME --snapshot ID -- torchrun ...
 
 Subcommands live in a registry: ``@subcommand(name, help)`` on a function ``(args) -> int`` whose
 ``configure`` attribute adds its arguments. Other parts of the package add theirs (``snapshot``,
@@ -61,6 +62,19 @@ def call_job(job: str, msg: dict, timeout: float | None = 30.0) -> dict:
     return json.loads(data)
 
 
+def duration(text: str) -> float:
+    """``90``, ``30s``, ``5m``, ``1h`` -> seconds (argparse type)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    num, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration like 30s, 5m or 1h") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than zero")
+    return value
+
+
 # -- run ------------------------------------------------------------------------------------
 
 
@@ -69,6 +83,8 @@ def _configure_run(p: argparse.ArgumentParser):
     p.add_argument("--spares", type=int, default=1,
                    help="replacements this node can start (default 1): each covers one lost rank")
     p.add_argument("--scheduler", default="local", help="where spares come from: local, slurm, kubernetes")
+    p.add_argument("--snapshot-every", type=duration, default=None, metavar="DURATION",
+                   help="snapshot the job's state periodically (e.g. 30s, 5m, 1h); see lockstep snapshot")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- torchrun [torchrun options] SCRIPT [ARGS]")
 
 
@@ -89,6 +105,8 @@ def cmd_run(args) -> int:
     if args.scheduler not in names():
         print(f"lockstep run: --scheduler {args.scheduler!r}: choose one of {', '.join(names())}", file=sys.stderr)
         return 2
+    if args.snapshot_every is not None:
+        os.environ["LOCKSTEP_SNAPSHOT_EVERY_S"] = str(args.snapshot_every)  # read by the orchestrator
     job = args.job or spec.rdzv_id or f"{os.path.splitext(os.path.basename(spec.script))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         jobdir.check_name(job)

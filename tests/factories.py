@@ -15,6 +15,7 @@ from console.commands.models import Command
 from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.services import apply_inventory, enroll, import_topology
+from console.jobs import services as job_services
 from console.telemetry.kinds import StoredRecord, StoredRecords
 from console.telemetry.models import TelemetryRecord
 from console.telemetry.services import ingest
@@ -100,6 +101,7 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     record = TelemetryRecord.objects.get(node=node, kind="clock.estimate")
     clock_services.store_estimates(StoredRecords("clock.estimate", organization.pk, cluster.pk, node.pk,
                                                  record.batch_id, 1, (StoredRecord(record.pk, record.ts, record.data),)))
+    make_job(node)
     return Fleet(
         cluster=cluster,
         node=node,
@@ -116,3 +118,19 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
         node_clock=NodeClock.objects.get(node=node),
         pair_estimate=PairEstimate.objects.get(node=node),
     )
+
+
+def make_job(node: Node, name: str = "train-1") -> None:
+    """A job as the node's agent reports it: heartbeat, a snapshot, a checkpoint, a weight
+    version, and an NCCL failover on the node (what the telemetry handlers store)."""
+    now = timezone.now()
+    job_services.record_heartbeat(node, {"job": name, "generation": 0, "ranks": [
+        {"rank": 0, "step": 12, "step_time_s": 0.02, "node": 0, "state": "running"}]}, now)
+    job_services.record_capture(node, "snapshot", {"job": name, "id": "20261201T000000-000001", "step": 10,
+                                                   "bytes": 1024, "paused_s": 0.01, "duration_s": 0.2,
+                                                   "path": f"/snapshots/{name}/20261201T000000-000001"}, now)
+    job_services.record_capture(node, "checkpoint", {"job": name, "save_id": "s12", "path": f"/ckpt/{name}/12",
+                                                     "step": 12, "bytes": 2048, "stall_s": 0.001}, now)
+    job_services.record_weight_version(node, {"job": name, "publisher": "f" * 32, "version": 1, "bytes": 4096,
+                                              "replicas": {"r0": "ok"}}, now)
+    job_services.record_path_event(node, "failover", {"comm": "0x1", "rank": 0, "from": "nic0", "to": "nic1"}, now)

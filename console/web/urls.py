@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from console.jobs import views as job_views
 from console.web import audits, views
 
 urlpatterns = [
@@ -20,4 +21,6 @@ urlpatterns = [
     path("audits/<int:audit_pk>/", audits.audit, name="audit"),
     path("audits/<int:audit_pk>/cancel/", audits.cancel_audit, name="audit-cancel"),
     path("audits/<int:audit_pk>/report.pdf", audits.audit_pdf, name="audit-pdf"),
+    path("clusters/<int:pk>/jobs/", job_views.cluster_jobs, name="cluster-jobs"),
+    path("jobs/<int:job_pk>/", job_views.job, name="job"),
 ]

@@ -189,6 +189,9 @@ class Orchestrator:
         self._journal()
         print(f"READY {self.port}", flush=True)
         ticker = asyncio.create_task(self._tick())
+        from lockstep.orchestrator import snapshots  # registers its commands; the periodic schedule
+
+        snapshots.start_schedule(self)
         if self._lost_queue:
             asyncio.get_running_loop().call_later(2.0, self._kick_recovery)
         async with tcp, unix:

@@ -6,7 +6,8 @@ orchestrator restarts. The rank sends ``hello``, ``heartbeat`` (step, step time;
 (its collective progress, when asked to ``freeze``), ``holding`` (parked at a boundary),
 ``rebuilt``, ``unprotected`` / ``diverged``, and as a replacement ``ff_progress``, ``resumed``,
 ``resynced``, ``live``. It obeys ``freeze``, ``rebuild``, ``hold`` / ``release``, ``plan``
-(replacements) and ``fail`` (the job cannot recover: waiting collectives raise).
+(replacements), ``fail`` (the job cannot recover: waiting collectives raise) and ``snapshot``
+(capture while holding: ``snapshot``).
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ class Controller:
             rt.release_hold()
         elif op == "ping":
             self.send({"op": "pong", "id": msg.get("id")})
+        elif op == "snapshot":
+            from lockstep.runtime import snapshot
+
+            snapshot.on_order(rt, msg)
 
     def _rebuild(self, msg: dict):
         generation = int(msg["generation"])

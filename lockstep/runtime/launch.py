@@ -48,6 +48,10 @@ def prepare(argv: list[str]):
 
     rt = Runtime(dict(os.environ))
     context.RUNTIME = rt
+    if os.environ.get("LOCKSTEP_RESTORE") and rt.role == "worker":
+        from lockstep.runtime import snapshot
+
+        snapshot.prepare_restore(rt, os.environ["LOCKSTEP_RESTORE"])
     patches.install(rt)
     addr = os.environ.get("LOCKSTEP_ORCHESTRATOR")
     if addr:

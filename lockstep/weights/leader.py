@@ -105,6 +105,7 @@ class Leader:
         self.channel = channel
         self.arena = arena
         self.publisher = init["publisher"]
+        self.job = init.get("job")
         self.layout = init["layout"]  # [[key, dtype, shape, nbytes]...] in arena order
         self.slots = init["slots"]  # arena Slots, same order
         self.sizes = [entry[3] for entry in self.layout]
@@ -359,7 +360,7 @@ class Leader:
             "bytes": d["bytes"],
             "duration_s": time.monotonic() - d["started"],
         }
-        self.notify.emit("weights.version", {"publisher": self.publisher, **result, "holders": self._status()["replicas"]})
+        self.notify.emit("weights.version", {"publisher": self.publisher, "job": self.job, **result, "holders": self._status()["replicas"]})
         with contextlib.suppress(ChannelClosed):
             self.channel.send(("delivered", result))
 

@@ -12,6 +12,7 @@ holds two buffers per tensor (the version it runs and the one it receives).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -99,6 +100,7 @@ class WeightPublisher:
         self._proc = BackgroundProcess("lockstep.weights.leader")
         init = {
             "publisher": self.publisher_id,
+            "job": os.environ.get("LOCKSTEP_JOB"),  # under lockstep run: the console shows it as the job's
             "layout": [[s.key, str(s.dtype), list(s.shape), s.nbytes] for s in self.layout.slots],
             "slots": list(self.layout.slots),
             "capacity": self._arena.capacity,

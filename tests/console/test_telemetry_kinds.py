@@ -150,15 +150,15 @@ def test_the_newest_node_health_record_becomes_the_nodes_health_report(fleet, dj
 def test_a_feature_replaces_a_generic_event_kind_keeping_its_handlers(monkeypatch):
     monkeypatch.setattr(kinds, "_kinds", {name: dataclasses.replace(kind, handlers=list(kind.handlers))
                                           for name, kind in kinds._kinds.items()})
-    attached = kinds.handler("event.nccl.failover")(lambda stored: None)
+    attached = kinds.handler("event.job.rank_lost")(lambda stored: None)
     strict = kinds.register(kinds.TelemetryKind(
-        "event.nccl.failover", "Failover of a rank's traffic to another NIC.",
-        validate=kinds.shape({"from_nic": kinds.text(64), "to_nic": kinds.text(64)}, required=("from_nic", "to_nic")),
+        "event.job.rank_lost", "A rank of a job was lost.",
+        validate=kinds.shape({"job": kinds.text(64), "rank": kinds.integer(0)}, required=("job", "rank")),
     ))
-    assert kinds.get("event.nccl.failover") is strict and attached in strict.handlers
+    assert kinds.get("event.job.rank_lost") is strict and attached in strict.handlers
     with pytest.raises(kinds.KindInvalid, match="required"):
-        strict.validate({"from_nic": "mlx5_0"})
+        strict.validate({"job": "j-1"})
     with pytest.raises(ValueError, match="already registered"):
-        kinds.register(kinds.TelemetryKind("event.nccl.failover", "again", validate=kinds.shape({})))
+        kinds.register(kinds.TelemetryKind("event.job.rank_lost", "again", validate=kinds.shape({})))
     with pytest.raises(kinds.UnknownKind):
         kinds.handler("no.such.kind")

@@ -53,13 +53,13 @@ class Job:
     """One ``lockstep run -- torchrun --nproc-per-node 4 SCRIPT OUT ARGS`` in the background."""
 
     def __init__(self, tmp: Path, script: str, args: list[str], *, spares: int = 1, env: dict | None = None,
-                 nproc: int = 4):
-        self.name = f"t{os.getpid()}-{random.randrange(1 << 30):x}"
+                 nproc: int = 4, name: str | None = None, subcommand: tuple = ("run",)):
+        self.name = name or f"t{os.getpid()}-{random.randrange(1 << 30):x}"
         self.out = tmp / f"{self.name}.pt"
         self.state_dir = tmp / "state"
         self.env = dict(os.environ, LOCKSTEP_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1", **(env or {}))
         self.env.pop("LOCKSTEP_FAULT", None) if not env or "LOCKSTEP_FAULT" not in env else None
-        cmd = [str(BIN / "lockstep"), "run", "--job", self.name, "--spares", str(spares), "--",
+        cmd = [str(BIN / "lockstep"), *subcommand, "--job", self.name, "--spares", str(spares), "--",
                "torchrun", "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
                str(SCRIPTS / script), str(self.out), *args]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
