@@ -44,6 +44,13 @@ _RANK = kinds.shape({"rank": kinds.integer(0, 1 << 20), "step": kinds.integer(0)
 _HOLDER = kinds.shape({"received": kinds.integer(0), "applied": kinds.integer(0), "sending": kinds.integer(0)},
                       limits=kinds.bounded(max_bytes=512))
 
+# What libnccl-net-lockstep.so sends on a failover or failback (nccl_plugin/README.md, "Events").
+NCCL_SWITCH = kinds.shape(
+    {"comm": kinds.text(64), "rank": kinds.integer(0, 1 << 20), "role": kinds.text(16),
+     "device": kinds.integer(0, 1 << 16), "from": kinds.text(64), "to": kinds.text(64), "reason": kinds.text(255),
+     "unacked_chunks": kinds.integer(0), "silent_ms": kinds.integer(0)},
+    limits=EVENT_LIMITS)
+
 VALIDATORS = {
     # A heartbeat carries every rank: the local socket's 64 KiB line is its bound.
     "job.heartbeat": kinds.shape(
@@ -64,12 +71,8 @@ VALIDATORS = {
          "duration_s": kinds.number(0), "replicas": _mapping(kinds.text(300), 128),
          "holders": _mapping(_object(_HOLDER), 128)},
         limits=EVENT_LIMITS),
-    "nccl.failover": kinds.shape(
-        {"comm": kinds.text(64), "rank": kinds.integer(0, 1 << 20), "from": kinds.text(64), "to": kinds.text(64),
-         "reason": kinds.text(255)}, limits=EVENT_LIMITS),
-    "nccl.failback": kinds.shape(
-        {"comm": kinds.text(64), "rank": kinds.integer(0, 1 << 20), "from": kinds.text(64), "to": kinds.text(64),
-         "reason": kinds.text(255)}, limits=EVENT_LIMITS),
+    "nccl.failover": NCCL_SWITCH,
+    "nccl.failback": NCCL_SWITCH,
 }
 
 DESCRIPTIONS = {
