@@ -13,6 +13,7 @@ from api.views.fleet import (
     NodeViewSet,
     SwitchViewSet,
 )
+from api.views.incidents import IncidentViewSet, ProbePlanViewSet, ProbeWindowViewSet
 from api.views.telemetry import TelemetryRecordViewSet
 from api.views.tenancy import ApiTokenViewSet, MembershipViewSet, OrganizationViewSet
 
@@ -30,6 +31,9 @@ router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollmen
 router.register("commands", CommandViewSet, basename="command")
 router.register("command-types", CommandTypeViewSet, basename="commandtype")
 router.register("telemetry", TelemetryRecordViewSet, basename="telemetryrecord")
+router.register("incidents", IncidentViewSet, basename="incident")
+router.register("probe-windows", ProbeWindowViewSet, basename="probewindow")
+router.register("probe-plans", ProbePlanViewSet, basename="probeplan")
 
 agent_urls = [
     path("enroll", agent_views.enroll, name="agent-enroll"),

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "console.fleet",
     "console.commands",
     "console.telemetry",
+    "console.incidents",
     "console.live",
     "console.agentdist",
     "console.web",
@@ -175,6 +176,14 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-expired-commands": {
         "task": "console.commands.tasks.requeue_expired_commands",
         "schedule": timedelta(seconds=env_int("LOCKSTEP_SWEEP_INTERVAL_S", 15)),
+    },
+    "sweep-probe-windows": {
+        "task": "console.incidents.tasks.sweep_probe_windows",
+        "schedule": timedelta(seconds=5),
+    },
+    "refresh-probe-plans": {
+        "task": "console.incidents.tasks.refresh_probe_plans",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_PROBE_PLAN_REFRESH_S", 30)),
     },
 }
 
