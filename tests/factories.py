@@ -11,6 +11,9 @@ from console.commands.models import Command
 from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.services import apply_inventory, enroll, import_topology
+from console.incidents import services as incident_services
+from console.incidents.models import Incident, ProbeWindow, WindowState
+from console.telemetry import kinds
 from console.telemetry.models import TelemetryRecord
 from console.telemetry.services import ingest
 
@@ -69,6 +72,30 @@ class Fleet:
     record: TelemetryRecord
 
 
+def make_incident(cluster: Cluster, node: Node) -> None:
+    """A probe window of the node's NIC, a verdict naming the host, the incident it opens (then resolved), and
+    the cluster's probe plan (through the incidents services). Where the telemetry handlers run
+    at once (a test with transactions), the window has already been filed."""
+    start_ns = int(timezone.now().timestamp()) * 10**9
+    nic, peer = f"{node.name}/nic0", next(n for n in Nic.objects.filter(cluster=cluster) if n.node_id != node.pk)
+    window = {"format": "lockstep.probe.window/v1", "nic": nic, "start_ns": start_ns, "window_s": 1.0,
+              "probes": [{"src": nic, "dst": peer.name, "via": "probe", "sent": 100, "lost": 30}], "received": []}
+    batch = ingest(node, {"seq": 2, "records": [{"kind": "probe.window", "ts": start_ns / 1e9 + 1, "data": window}]},
+                   100)
+    assert batch.accepted == 1
+    stored = kinds.StoredRecords("probe.window", node.organization_id, cluster.pk, node.pk, 0, 2, tuple(
+        kinds.StoredRecord(r.pk, r.ts, r.data) for r in TelemetryRecord.objects.filter(node=node, kind="probe.window")))
+    if not ProbeWindow.objects.filter(cluster=cluster).exists():
+        incident_services.add_probe_records(stored)
+    window = ProbeWindow.objects.get(cluster=cluster)
+    if window.state == WindowState.QUEUED:
+        incident_services.record_verdict(window.pk, {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": [
+            {"kind": "host", "name": node.name, "confidence": 0.97, "evidence": {"loss": {node.name: 0.3}}}]})
+        # resolved, so the fleet's health stays what the other tests expect
+        incident_services.resolve(Incident.objects.get(cluster=cluster))
+    incident_services.push_probe_plan(cluster)
+
+
 def make_fleet(organization, name: str = "cluster") -> Fleet:
     cluster = Cluster.objects.create(organization=organization, name=name)
     prefix = f"{organization.slug}-node"
@@ -80,6 +107,7 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     command, _ = command_services.issue_command(node, "node.health", {})
     ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}}]},
            100)
+    make_incident(cluster, node)
     return Fleet(
         cluster=cluster,
         node=node,
@@ -90,5 +118,5 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
         switch=Switch.objects.get(cluster=cluster, name="leaf-0"),
         link=Link.objects.get(cluster=cluster, name="leaf-0~spine-0#0"),
         command=command,
-        record=TelemetryRecord.objects.get(node=node),
+        record=TelemetryRecord.objects.get(node=node, kind="node.health"),
     )

@@ -37,7 +37,7 @@ class IncidentDetailSerializer(IncidentSerializer):
 class ProbeWindowSerializer(serializers.ModelSerializer):
     class Meta:
         model = ProbeWindow
-        fields = ["id", "cluster", "start_ns", "window_s", "expected", "reported", "state", "triangulated_at",
+        fields = ["id", "organization", "cluster", "start_ns", "window_s", "expected", "reported", "state", "triangulated_at",
                   "network_ok", "verdict", "summary", "error"]
         read_only_fields = fields
 

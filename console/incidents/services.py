@@ -200,6 +200,16 @@ def triangulate_window(window_id: int) -> ProbeWindow | None:
     """Triangulate one queued window and apply what its verdict means (in the window's
     organization). Windows of a cluster are tracked in order: one older than the newest tracked
     is triangulated and stored, and changes no incident."""
+    return _settle(window_id, lambda model, doc: triangulate(model, doc).to_document(evidence=True))
+
+
+def record_verdict(window_id: int, verdict: dict) -> ProbeWindow | None:
+    """Apply a verdict reached elsewhere (`python -m workers.triangulation` on the window, a
+    replay) to a queued window, as its triangulation would."""
+    return _settle(window_id, lambda model, doc: verdict)
+
+
+def _settle(window_id: int, judge) -> ProbeWindow | None:
     window = ProbeWindow.objects.filter(pk=window_id).select_related("cluster").first()
     if window is None or window.state != WindowState.QUEUED:
         return window
@@ -213,23 +223,21 @@ def triangulate_window(window_id: int) -> ProbeWindow | None:
         try:
             model = fabric_model(cluster)
             doc, ignored = _known_pairs(observations(_window_records(window), topology=None), model)
-            verdict = triangulate(model, doc)
+            verdict = judge(model, doc)
         except (ValueError, KeyError) as exc:  # ObservationsError, ProbeWindowError, TopologyError
             window.state, window.error = WindowState.FAILED, str(exc)[:1000]
             window.triangulated_at = timezone.now()
-            window.save(update_fields=["state", "error", "triangulated_at"])
+            window.save(update_fields=["state", "error", "triangulated_at", "updated"])
             log.warning("event=probe_window_failed cluster=%s start_ns=%s error=%s", cluster.pk, window.start_ns, exc)
             return window
-        window.verdict = verdict.to_document(evidence=True)
-        window.network_ok = verdict.network_ok
+        window.verdict, window.network_ok = verdict, verdict["network_ok"]
         window.summary = _summary(doc, ignored)
         window.triangulated_at = timezone.now()
         if window.start_ns <= tracker.last_start_ns:
             window.state = WindowState.LATE
         else:
             window.state = WindowState.DONE
-            culprits = window.verdict["culprits"]
-            tracker.state, actions = step(tracker.state, window.start_ns, culprits, HYSTERESIS)
+            tracker.state, actions = step(tracker.state, window.start_ns, verdict["culprits"], HYSTERESIS)
             tracker.last_start_ns = window.start_ns
             tracker.save(update_fields=["state", "last_start_ns", "updated"])
             for action in actions:
@@ -237,7 +245,7 @@ def triangulate_window(window_id: int) -> ProbeWindow | None:
         window.save(update_fields=["verdict", "network_ok", "summary", "triangulated_at", "state", "updated"])
         publish(cluster.organization_id, cluster.pk, "probe_window",
                 {"id": window.pk, "start_ns": window.start_ns, "network_ok": window.network_ok,
-                 "culprits": [{k: c[k] for k in ("kind", "name", "confidence")} for c in window.verdict["culprits"]],
+                 "culprits": [{k: c[k] for k in ("kind", "name", "confidence")} for c in verdict["culprits"]],
                  "pairs": window.summary["pairs"], "loss": window.summary["loss"]}, key="latest")
     ProbeWindow.objects.filter(cluster=cluster,
                                start_ns__lt=window.start_ns - int(PROBE_WINDOW_RETENTION_S * 1e9)).delete()

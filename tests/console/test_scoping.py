@@ -43,7 +43,7 @@ def tenant_models():
 
 def test_every_domain_model_is_tenant_owned():
     owned = {m._meta.label for m in tenant_models()}
-    domain = {m._meta.label for m in apps.get_models() if m._meta.app_label in ("tenancy", "fleet", "commands",
+    domain = {m._meta.label for m in apps.get_models() if m._meta.app_label in ("tenancy", "fleet", "commands", "incidents",
                                                                                    "telemetry")}
     assert domain == owned
 
