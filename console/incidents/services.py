@@ -107,9 +107,10 @@ def _queue_overdue(cluster_id: int, newest_start_ns: int) -> list[int]:
     queued = []
     for window in ProbeWindow.objects.filter(cluster_id=cluster_id, state=WindowState.FILLING,
                                              start_ns__lt=newest_start_ns).only("id", "start_ns", "window_s"):
-        if window.start_ns + OVERDUE_WINDOWS * window.window_s * 1e9 <= newest_start_ns:
-            if ProbeWindow.objects.filter(pk=window.pk, state=WindowState.FILLING).update(state=WindowState.QUEUED):
-                queued.append(window.pk)
+        overdue = window.start_ns + OVERDUE_WINDOWS * window.window_s * 1e9 <= newest_start_ns
+        if overdue and ProbeWindow.objects.filter(pk=window.pk, state=WindowState.FILLING).update(
+                state=WindowState.QUEUED):
+            queued.append(window.pk)
     return queued
 
 

@@ -14,7 +14,7 @@ from console.fleet.models import Link, Nic, Node, NodeState, Switch
 from console.incidents import services
 from console.incidents.models import Incident, IncidentState, ProbeWindow, WindowState
 from console.telemetry.models import TelemetryBatch
-from tests.console.incidents_testlib import make_sim_cluster, records_by_host, post, T0_NS
+from tests.console.incidents_testlib import T0_NS, make_sim_cluster, post, records_by_host
 
 pytestmark = pytest.mark.django_db
 
