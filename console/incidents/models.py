@@ -25,6 +25,7 @@ class WindowState(models.TextChoices):
     QUEUED = "queued", "Queued"  # complete (or overdue): handed to the triangulation task
     DONE = "done", "Triangulated"
     LATE = "late", "Late"  # triangulated after a newer window: stored, not tracked
+    SETTLING = "settling", "Settling"  # started while agents were taking up a new plan: stored, not tracked
     FAILED = "failed", "Failed"  # the window could not be triangulated (its error says why)
 
 

@@ -55,6 +55,9 @@ MAX_TIMELINE_POINTS = 600  # per incident: one point per window naming it, the n
 MAX_EVIDENCE_PAIRS = 64  # per incident: the affected pairs, lossiest first
 MAX_SUMMARY_PAIRS = 256  # per window: the lossiest pairs (the heat map's data)
 HYSTERESIS = Hysteresis()
+# Windows that start this soon after a plan push are not tracked: agents take up a plan one by
+# one, and a NIC that has not yet started answering looks like a dead one.
+PLAN_SETTLE_S = 5.0
 DOWN_LOSS = 0.5  # a culprit losing at least this much is drawn down, below it degraded
 
 
@@ -234,8 +237,11 @@ def _settle(window_id: int, judge) -> ProbeWindow | None:
         window.verdict, window.network_ok = verdict, verdict["network_ok"]
         window.summary = _summary(doc, ignored)
         window.triangulated_at = timezone.now()
+        plan = ProbePlan.objects.filter(cluster=cluster).only("pushed_at").first()
         if window.start_ns <= tracker.last_start_ns:
             window.state = WindowState.LATE
+        elif plan is not None and plan.pushed_at and window.start_ns < (plan.pushed_at.timestamp() + PLAN_SETTLE_S) * 1e9:
+            window.state = WindowState.SETTLING
         else:
             window.state = WindowState.DONE
             tracker.state, actions = step(tracker.state, window.start_ns, verdict["culprits"], HYSTERESIS)
@@ -295,7 +301,7 @@ def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, do
     loss = _culprit_loss(culprit)
     if incident is None:
         previous = (ProbeWindow.objects.filter(cluster=cluster, start_ns__lt=window.start_ns,
-                                               state__in=[WindowState.DONE, WindowState.LATE])
+                                               state__in=[WindowState.DONE, WindowState.LATE, WindowState.SETTLING])
                     .order_by("-start_ns").first())
         evidence = _evidence(model, doc, culprit, previous)
         last = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name, state=IncidentState.RESOLVED)
