@@ -11,6 +11,7 @@ from django.test import Client
 from console.fleet.models import Cluster, Node
 from console.fleet.services import enroll, import_topology, mark_seen
 from testbed.simulate.topology import TopoParams, generate_topology
+from testbed.probemesh import records_by_host
 from testbed.simulate.window import WindowConfig, simulate
 from tests.factories import make_enrollment_token
 
@@ -49,26 +50,6 @@ class SimCluster:
 def post(credential: str, seq: int, records: list[dict]):
     return Client(HTTP_AUTHORIZATION=f"Bearer {credential}").post(
         "/api/v1/agent/telemetry", json.dumps({"seq": seq, "records": records}), content_type="application/json")
-
-
-def records_by_host(topology: dict, observations: dict, start_ns: int) -> dict[str, list[dict]]:
-    """The probe.window records (lockstep.probe.window/v1) of a window, by host: each probe of
-    the observations is an entry of its source NIC's record."""
-    host_of = {n["name"]: n["host"] for n in topology["nics"]}
-    by_nic: dict[str, list[dict]] = {n: [] for n in host_of}
-    for p in observations["probes"]:
-        entry = {"src": p["src"], "dst": p["dst"], "via": "probe", "sent": p["sent"], "lost": p["lost"]}
-        if "owd_us" in p:
-            entry["owd_us"], entry["owd_basis"] = p["owd_us"], p.get("owd_basis", "clock")
-        if "path" in p:
-            entry["path"] = p["path"]
-        by_nic[p["src"]].append(entry)
-    out: dict[str, list[dict]] = {}
-    for nic, probes in by_nic.items():
-        out.setdefault(host_of[nic], []).append({
-            "format": "lockstep.probe.window/v1", "nic": nic, "start_ns": start_ns, "window_s": WINDOW_S,
-            "clock": "cluster", "probes": probes, "received": []})
-    return out
 
 
 def make_sim_cluster(organization, name: str = "sim") -> SimCluster:
