@@ -256,3 +256,16 @@ def test_a_plan_push_is_refused_to_a_viewer_and_an_outsider_and_names_a_bad_opti
                                                               "options": {"window_ms": 5}}, format="json")
     assert bad.status_code == 400 and "window_ms" in str(bad.json()["fields"]), bad.json()
     assert probe_mesh_commands(sim) == []
+
+
+def test_the_incident_page_shows_the_heat_map_to_members_and_is_404_to_outsiders(world, sim, incident):
+    url = f"/clusters/{sim.cluster.pk}/incidents/{incident.pk}/"
+    page = world.session("bob").get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="heatmap"' in html and html.count('class="cell"') == len(incident.evidence["during"])
+    assert incident.culprit in html and "opened" in html
+    assert world.session("charlie").get(url).status_code == 404
+    assert world.session("bob").get(f"/clusters/{sim.cluster.pk}/incidents/999999/").status_code == 404
+    cluster_page = world.session("bob").get(f"/clusters/{sim.cluster.pk}/").content.decode()
+    assert f'data-incident="{incident.pk}"' in cluster_page
