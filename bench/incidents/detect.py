@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def run(injections: int = 20, faults: list[str] | None = None, tmp: Path = Path(
     with scoping.unscoped("the benchmark arranges its own organization"):
         from django.contrib.auth import get_user_model
 
-        user = get_user_model().objects.create_user(username=f"bench{time.time_ns()}", password="x-bench-x")
+        user = get_user_model().objects.create_user(username=f"bench{time.time_ns()}", password=secrets.token_urlsafe())
         org = tenancy.create_organization("bench", user)
         cluster = Cluster.objects.create(organization=org, name="fabric")
         token = mint_enrollment_token(cluster, max_uses=None).plaintext
@@ -88,9 +89,9 @@ def run(injections: int = 20, faults: list[str] | None = None, tmp: Path = Path(
         port = _free_port()
         logs = open(tmp / "console.log", "wb")  # noqa: SIM115  (closed with the processes)
         procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host",
-                                       "0.0.0.0", "--port", str(port), "--lifespan", "off"], cwd=ROOT,
+                                       fab.bridge_address, "--port", str(port), "--lifespan", "off"], cwd=ROOT,
                                       env=_child_env(), stdout=logs, stderr=subprocess.STDOUT))
-        base = f"http://127.0.0.1:{port}"
+        base = fab.console_url(port)  # where the agents reach it, on the management network
         _wait(lambda: requests.get(f"{base}/healthz", timeout=1).ok, 60, "the console")
         if os.environ.get("REDIS_URL"):
             procs.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "console", "worker", "--pool",

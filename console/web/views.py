@@ -23,10 +23,10 @@ from console.core.errors import DomainError
 from console.fleet import services
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
+from console.incidents.models import Incident
 from console.live.groups import cluster_group, organization_group
 from console.tenancy.models import Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY, Scope
-from console.incidents.models import Incident
 from console.web.heatmap import heatmap_svg, timeline_svg
 from console.web.maps import cluster_map, map_status
 from console.web.svg import render_map

@@ -10,8 +10,8 @@ from django.test import Client
 
 from console.fleet.models import Cluster, Node
 from console.fleet.services import enroll, import_topology, mark_seen
-from testbed.simulate.topology import TopoParams, generate_topology
 from testbed.probemesh import records_by_host
+from testbed.simulate.topology import TopoParams, generate_topology
 from testbed.simulate.window import WindowConfig, simulate
 from tests.factories import make_enrollment_token
 

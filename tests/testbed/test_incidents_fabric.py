@@ -42,7 +42,7 @@ def helper_built():
 
 @pytest.fixture
 def stack(small_fabric, transactional_db, django_user_model, tmp_path):
-    """The console (on every address, so the namespaces reach it), a worker, agents enrolled."""
+    """The console (on the management network, where the namespaces reach it), a worker, agents."""
     fab = small_fabric
     world = World(django_user_model)
     cluster = Cluster.objects.create(organization=world.acme, name="fabric")
@@ -50,11 +50,11 @@ def stack(small_fabric, transactional_db, django_user_model, tmp_path):
     token = make_enrollment_token(cluster, max_uses=100)
     port = free_port()
     env = process_env(LOCKSTEP_AGENT_POLL_RECHECK_S="1")
-    console = Process([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "0.0.0.0",
+    console = Process([sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", fab.bridge_address,
                        "--port", str(port), "--lifespan", "off"], env, tmp_path / "uvicorn.log")
     worker = None
     try:
-        base = f"http://127.0.0.1:{port}"
+        base = fab.console_url(port)
         wait_until(lambda: requests.get(f"{base}/healthz", timeout=1).ok, 30, "the console to start")
         if REDIS:
             worker = Process([sys.executable, "-m", "celery", "-A", "console", "worker", "--pool", "solo",
