@@ -6,7 +6,8 @@ native helper, their windows posted at once, triangulated by the console:
 - a healthy fabric gives windows whose verdict is `network_ok` and no incident;
 - random loss on one host cable opens one incident naming what the testbed's ground truth names
   (the cable's NIC: an access cable is named as its NIC), and healing it resolves the incident;
-- a frozen host opens one naming the host, with `network_ok: true`; thawing it resolves it.
+- a frozen host opens one naming the host, with `network_ok: true`; thawing it resolves it;
+- a flapping cable is one incident, open across the flaps, resolved once the flapping stops.
 
 Timing is not asserted (this machine is shared): the conditions are waited for.
 """
@@ -110,7 +111,8 @@ def test_a_lossy_cable_and_a_frozen_host_open_incidents_naming_them_and_healing_
     assert open_incidents(call, cluster) == []
 
     # 20 % random loss on one host cable, both ways
-    cable = next(lid for lid in fab.links if fab.link(lid).a.device in fab.nics or fab.link(lid).b.device in fab.nics)
+    cables = [lid for lid in fab.links if fab.link(lid).a.device in fab.nics or fab.link(lid).b.device in fab.nics]
+    cable = cables[0]
     fault = fab.fault_link_loss(cable, "both", rate=0.2)
     truth = fab.ground_truth()["culprits"]
     assert len(truth) == 1
@@ -134,3 +136,14 @@ def test_a_lossy_cable_and_a_frozen_host_open_incidents_naming_them_and_healing_
     assert [(i["kind"], i["culprit"], i["network_ok"]) for i in named] == [("host", host, True)], named
     fab.heal(stall)
     wait_until(lambda: open_incidents(call, cluster) == [], 90, "the host's incident to resolve after the thaw")
+
+    # a flapping cable (down 2 s, up 2 s): one incident that stays open across the flaps
+    flap = fab.fault_link_flap(cables[1], period=4.0, duty=0.5)
+    truth = fab.ground_truth()["culprits"]
+    named = wait_until(lambda: [i for i in open_incidents(call, cluster) if i["windows"] >= 4], 90,
+                       f"an incident for the flapping {cables[1]} named in four windows")
+    assert [(i["kind"], i["culprit"]) for i in named] == [(truth[0]["kind"], truth[0]["name"])], (named, truth)
+    same = call("GET", "incidents/", params={"cluster": cluster.pk, "culprit": truth[0]["name"]}).json()["results"]
+    assert len(same) == 1 and same[0]["reopened"] == 0
+    fab.heal(flap)
+    wait_until(lambda: open_incidents(call, cluster) == [], 90, "the flap's incident to resolve once healed")
