@@ -12,6 +12,7 @@ from tests.browser.conftest import needs_chromium
 from tests.browser.test_console import mark_page, same_page, wait, wait_for_indicator
 from tests.conftest import REDIS
 from tests.console.incidents_testlib import T0_NS, WINDOW_S, make_sim_cluster, records_by_host
+from tests.integration.conftest import celery_worker_process  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
 
