@@ -75,14 +75,10 @@ def expected_nics(cluster_id: int) -> int:
 
 def add_probe_records(stored: StoredRecords) -> list[int]:
     """File a batch's probe.window records into their cluster windows; returns the ids of the
-    windows this queued for triangulation. A record of a NIC that is not the node's is left out
-    (logged): a node reports for its own NICs only."""
-    own = set(Nic.objects.filter(node_id=stored.node_id).values_list("name", flat=True))
+    windows this queued for triangulation (each record is of the node's own NIC: its kind's
+    node check refused the batch otherwise)."""
     by_start: dict[int, list] = {}
     for record in stored.records:
-        if record.data["nic"] not in own:
-            log.warning("event=probe_window_foreign_nic node=%s nic=%r", stored.node_id, record.data["nic"][:64])
-            continue
         by_start.setdefault(record.data["start_ns"], []).append(record)
     queued: list[int] = []
     expected = expected_nics(stored.cluster_id) if by_start else 0

@@ -1,6 +1,7 @@
 """The `probe.window` telemetry kind: its validator is the agent side's own record check
-(workers.probemesh.observations.check_record), and its handler files each record into its
-cluster window (services.add_probe_records), which is triangulated once complete."""
+(workers.probemesh.observations.check_record), its node check refuses a window of a NIC that
+is not the posting node's or naming a NIC outside the cluster, and its handler files each record
+into its cluster window (services.add_probe_records), which is triangulated once complete."""
 
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def validate_probe_window(data: dict) -> dict:
     return data
 
 
+def nics_of_the_node(node, records: list[tuple[int, dict]]) -> None:
+    """A window is the posting node's own NIC's, and names only NICs of its cluster."""
+    from console.fleet.models import Nic
+
+    names = dict(Nic.objects.filter(cluster_id=node.cluster_id).values_list("name", "node_id"))
+    for i, data in records:
+        if names.get(data["nic"]) != node.pk:
+            raise kinds.KindInvalid("nic", f"{data['nic']!r} is not a NIC of {node.name}", index=i)
+        for k, entry in enumerate(data["probes"]):
+            for key in ("src", "dst"):
+                if entry[key] not in names:
+                    raise kinds.KindInvalid(f"probes[{k}].{key}", f"{entry[key]!r} is not a NIC of the cluster",
+                                            index=i)
+
+
 def _file_into_windows(stored: StoredRecords) -> None:
     from console.incidents import services
 
@@ -57,5 +73,6 @@ kinds.register(TelemetryKind(
     description="One NIC's probe window (lockstep.probe.window/v1): sent, lost and one-way delay per peer and "
                 "direction; a cluster's records of one window are triangulated together.",
     validate=validate_probe_window,
+    check_node=nics_of_the_node,
     handlers=[_file_into_windows],
 ))

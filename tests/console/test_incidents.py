@@ -145,14 +145,21 @@ def test_a_bad_probe_window_is_refused_by_field_and_nothing_is_stored(sim, chang
     assert not ProbeWindow.objects.exists()
 
 
-def test_a_record_for_a_nic_of_another_node_is_left_out_of_the_window(sim, django_capture_on_commit_callbacks):
+@pytest.mark.parametrize(("change", "field", "problem"), [
+    (lambda own, foreign: foreign, "records[0].data.nic", "is not a NIC of"),
+    (lambda own, foreign: {**own, "probes": [{**own["probes"][0], "dst": "nowhere/nic9"}]},
+     "records[0].data.probes[0].dst", "'nowhere/nic9' is not a NIC of the cluster"),
+])
+def test_a_window_of_another_nodes_nic_or_naming_an_unknown_nic_is_refused_and_nothing_is_stored(
+        sim, change, field, problem):
     healthy, _ = sim.window("none", seed=3)
     hosts = sorted(sim.nodes)
-    foreign = records_by_host(sim.topology, healthy, T0_NS)[hosts[1]][0]
-    with django_capture_on_commit_callbacks(execute=True):
-        response = post(sim.credentials[hosts[0]], 1, [{"kind": "probe.window", "ts": T0_NS / 1e9 + 1,
-                                                        "data": foreign}])
-    assert response.status_code == 202
+    by_host = records_by_host(sim.topology, healthy, T0_NS)
+    record = change(by_host[hosts[0]][0], by_host[hosts[1]][0])  # node 0 posts it
+    response = post(sim.credentials[hosts[0]], 1, [{"kind": "probe.window", "ts": T0_NS / 1e9 + 1, "data": record}])
+    assert response.status_code == 400
+    assert problem in response.json()["fields"][field], response.json()
+    assert not TelemetryBatch.objects.filter(node=sim.nodes[hosts[0]]).exists()
     assert not ProbeWindow.objects.exists()
 
 

@@ -32,6 +32,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from console.core.models import TenantOwned
+from console.incidents.models import Incident
 from console.tenancy.models import Role
 from tests.factories import make_fleet
 
@@ -380,6 +381,7 @@ def globex_token(fleet) -> str:
 PAGE_OBJECTS = {
     "pk": lambda acme: acme.fleet.cluster.pk,  # /clusters/<pk>/...
     "token_pk": lambda acme: acme.fleet.enrollment_token.pk,
+    "incident_pk": lambda acme: Incident.objects.get(cluster=acme.fleet.cluster).pk,
 }
 # Routes outside /api/v1/ that name no tenant object (their parameters, if any, are not tenant
 # objects), and what keeps them tenant-safe.
