@@ -252,6 +252,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "IncidentStateEnum": "console.incidents.models.IncidentState",
+        "ProbeWindowStateEnum": "console.incidents.models.WindowState",
+        "CulpritKindEnum": "console.incidents.models.CulpritKind",
+    },
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

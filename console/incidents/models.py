@@ -16,7 +16,7 @@ from django.db import models
 
 from console.core.models import ClusterOwnedModel
 
-__all__ = ["Incident", "IncidentEvent", "IncidentState", "IncidentTracker", "ProbePlan", "ProbeWindow",
+__all__ = ["CulpritKind", "Incident", "IncidentEvent", "IncidentState", "IncidentTracker", "ProbePlan", "ProbeWindow",
            "WindowState"]
 
 
@@ -58,9 +58,15 @@ class IncidentState(models.TextChoices):
     RESOLVED = "resolved", "Resolved"
 
 
+class CulpritKind(models.TextChoices):
+    LINK = "link", "Link"
+    SWITCH = "switch", "Switch"
+    NIC = "nic", "NIC"
+    HOST = "host", "Host"
+
+
 class Incident(ClusterOwnedModel):
-    kind = models.CharField(verbose_name="culprit kind", max_length=16,
-                            choices=[("link", "Link"), ("switch", "Switch"), ("nic", "NIC"), ("host", "Host")])
+    kind = models.CharField(verbose_name="culprit kind", max_length=16, choices=CulpritKind.choices)
     culprit = models.CharField(verbose_name="culprit", max_length=255,
                                help_text="The element's name: a link id, a switch, a NIC or a host.")
     network_ok = models.BooleanField(verbose_name="network ok", default=False,
