@@ -26,6 +26,11 @@ Disk buffer (``<state>/telemetry``):
   reported in a batch and the total of drops, so all of it survives restarts.
 
 The in-flight batches count toward the bound but are never dropped.
+
+Records of a *prompt* kind (``PROMPT_KINDS``: probe windows, which the console triangulates as
+soon as a window is complete) do not wait ``linger_s``: the batch holding them is formed
+``PROMPT_LINGER_S`` after the first of them, so the windows every NIC of the host emits at once
+travel together, in at most one batch per ``PROMPT_LINGER_S``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from agent.state import atomic_write_json, ensure_private_dir, read_json
 
 KIND_RE = re.compile(r"^[a-z0-9_.]{1,64}$")
 _BATCH_OVERHEAD = 96  # {"seq":...,"dropped":...,"records":[]} and slack
+PROMPT_KINDS = frozenset({"probe.window"})
+PROMPT_LINGER_S = 0.05
 
 
 class TelemetryBuffer:
@@ -71,6 +78,7 @@ class TelemetryBuffer:
         self._active_fh = None
         self._next_segment = 1
         self._unbatched_since: float | None = None
+        self._prompt_since: float | None = None  # the oldest unbatched record of a prompt kind
         self._state: dict[str, Any] = {"next_seq": 1, "dropped_unreported": 0, "dropped_total": 0, "pending": []}
         self._load()
 
@@ -134,9 +142,9 @@ class TelemetryBuffer:
                 f"telemetry record {kind!r} is {len(encoded)} bytes, more than {self.max_record_bytes}; "
                 "aggregate it into smaller records"
             )
-        self.append_line(encoded)
+        self.append_line(encoded, prompt=kind in PROMPT_KINDS)
 
-    def append_line(self, encoded: bytes) -> None:
+    def append_line(self, encoded: bytes, prompt: bool = False) -> None:
         with self._cond:
             active = self._segments[-1] if self._segments and self._active_fh is not None else None
             if (
@@ -155,6 +163,8 @@ class TelemetryBuffer:
             active["records"] += 1
             if self._unbatched_since is None:
                 self._unbatched_since = time.monotonic()
+            if prompt and self._prompt_since is None:
+                self._prompt_since = time.monotonic()
             self._enforce_bound()
             self._cond.notify_all()
 
@@ -207,6 +217,7 @@ class TelemetryBuffer:
                 force
                 or self._unbatched_since is None
                 or time.monotonic() - self._unbatched_since >= self.linger_s
+                or (self._prompt_since is not None and time.monotonic() - self._prompt_since >= PROMPT_LINGER_S)
                 or buffered >= self.batch_budget // 2
                 or records >= self.batch_max_records // 2
             )
@@ -250,6 +261,8 @@ class TelemetryBuffer:
             self._segments.remove(seg)
             self._segment_path(seg["n"]).unlink(missing_ok=True)
         self._unbatched_since = time.monotonic() if self._segments else None
+        if self._prompt_since is not None:  # what did not fit this batch goes promptly too
+            self._prompt_since = time.monotonic() if self._segments else None
         return self._state["pending"][0] if self._state["pending"] else None
 
     def _chunk(self, records: list) -> list[dict]:
@@ -326,6 +339,16 @@ class TelemetryBuffer:
         """Sleep until a record arrives or ``timeout`` passes."""
         with self._cond:
             self._cond.wait(timeout)
+
+    def due_in(self, longest: float) -> float:
+        """Seconds until the unbatched records are due to be sent (at most `longest`)."""
+        with self._cond:
+            now, due = time.monotonic(), longest
+            if self._unbatched_since is not None:
+                due = min(due, self._unbatched_since + self.linger_s - now)
+            if self._prompt_since is not None:
+                due = min(due, self._prompt_since + PROMPT_LINGER_S - now)
+            return max(0.0, due)
 
     def notify(self) -> None:
         with self._cond:

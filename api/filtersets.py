@@ -13,6 +13,7 @@ from console.audits.models import AuditRun, RunState, Verdict
 from console.clocks.models import ClockState, ClockSync, NodeClock, PairEstimate
 from console.commands.models import Command, CommandState
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, NodeState, Switch
+from console.incidents.models import Incident, IncidentState, ProbePlan, ProbeWindow, WindowState
 from console.jobs.models import Job, JobCapture, PathEvent, WeightVersion
 from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
@@ -186,6 +187,8 @@ class PairEstimateFilterSet(filters.FilterSet):
     class Meta:
         model = PairEstimate
         fields = ["cluster", "node", "peer", "flagged"]
+
+
 class JobFilterSet(filters.FilterSet):
     name = filters.CharFilter(lookup_expr="icontains")
 
@@ -210,3 +213,28 @@ class PathEventFilterSet(filters.FilterSet):
     class Meta:
         model = PathEvent
         fields = ["cluster", "node", "kind", "comm"]
+
+
+class IncidentFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=IncidentState.choices)
+    culprit = filters.CharFilter(help_text="The culprit element's name (a link id, switch, NIC or host).")
+    since = filters.IsoDateTimeFilter(field_name="last_seen", lookup_expr="gte", help_text="Last seen at or after.")
+    until = filters.IsoDateTimeFilter(field_name="first_seen", lookup_expr="lte", help_text="First seen at or before.")
+
+    class Meta:
+        model = Incident
+        fields = ["cluster", "state", "kind", "culprit", "network_ok"]
+
+
+class ProbeWindowFilterSet(filters.FilterSet):
+    state = filters.MultipleChoiceFilter(choices=WindowState.choices)
+
+    class Meta:
+        model = ProbeWindow
+        fields = ["cluster", "state", "network_ok"]
+
+
+class ProbePlanFilterSet(filters.FilterSet):
+    class Meta:
+        model = ProbePlan
+        fields = ["cluster"]

@@ -15,6 +15,7 @@ from api.views.fleet import (
     NodeViewSet,
     SwitchViewSet,
 )
+from api.views.incidents import IncidentViewSet, ProbePlanViewSet, ProbeWindowViewSet
 from api.views.jobs import JobCaptureViewSet, JobViewSet, PathEventViewSet, WeightVersionViewSet
 from api.views.telemetry import TelemetryRecordViewSet
 from api.views.tenancy import ApiTokenViewSet, MembershipViewSet, OrganizationViewSet
@@ -41,6 +42,9 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("job-captures", JobCaptureViewSet, basename="jobcapture")
 router.register("weight-versions", WeightVersionViewSet, basename="weightversion")
 router.register("path-events", PathEventViewSet, basename="pathevent")
+router.register("incidents", IncidentViewSet, basename="incident")
+router.register("probe-windows", ProbeWindowViewSet, basename="probewindow")
+router.register("probe-plans", ProbePlanViewSet, basename="probeplan")
 
 agent_urls = [
     path("enroll", agent_views.enroll, name="agent-enroll"),

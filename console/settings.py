@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "console.fleet",
     "console.commands",
     "console.telemetry",
+    "console.incidents",
     "console.live",
     "console.agentdist",
     "console.web",
@@ -193,6 +194,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.clocks.tasks.replan_and_sweep",
         "schedule": timedelta(seconds=env_int("LOCKSTEP_CLOCK_SWEEP_INTERVAL_S", 15)),
     },
+    "sweep-probe-windows": {
+        "task": "console.incidents.tasks.sweep_probe_windows",
+        "schedule": timedelta(seconds=5),
+    },
+    "refresh-probe-plans": {
+        "task": "console.incidents.tasks.refresh_probe_plans",
+        "schedule": timedelta(seconds=env_int("LOCKSTEP_PROBE_PLAN_REFRESH_S", 30)),
+    },
 }
 
 # --- auth, sessions, security ---------------------------------------------------------------
@@ -276,8 +285,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.errors.document_errors"],
-    # an audit's state is not a node's or a command's
-    "ENUM_NAME_OVERRIDES": {"AuditRunStateEnum": "console.audits.models.RunState"},
+    "ENUM_NAME_OVERRIDES": {
+        # an audit's state is not a node's or a command's
+        "AuditRunStateEnum": "console.audits.models.RunState",
+        "IncidentStateEnum": "console.incidents.models.IncidentState",
+        "ProbeWindowStateEnum": "console.incidents.models.WindowState",
+        "CulpritKindEnum": "console.incidents.models.CulpritKind",
+    },
 }
 
 # --- Lockstep -------------------------------------------------------------------------------

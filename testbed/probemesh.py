@@ -156,3 +156,23 @@ class MeshRun:
         for t in self._threads:
             t.join(timeout=5)
         self._dir.cleanup()
+
+
+def records_by_host(topology: dict, observations: dict, start_ns: int, window_s: float = 1.0) -> dict[str, list[dict]]:
+    """The probe.window records (lockstep.probe.window/v1) agents would post for a simulated
+    window (`lockstep.observations/v1`), by host: each probe is an entry of its source NIC's record."""
+    host_of = {n["name"]: n["host"] for n in topology["nics"]}
+    by_nic: dict[str, list[dict]] = {n: [] for n in host_of}
+    for p in observations["probes"]:
+        entry = {"src": p["src"], "dst": p["dst"], "via": "probe", "sent": p["sent"], "lost": p["lost"]}
+        if "owd_us" in p:
+            entry["owd_us"], entry["owd_basis"] = p["owd_us"], p.get("owd_basis", "clock")
+        if "path" in p:
+            entry["path"] = p["path"]
+        by_nic[p["src"]].append(entry)
+    out: dict[str, list[dict]] = {}
+    for nic, probes in by_nic.items():
+        out.setdefault(host_of[nic], []).append({
+            "format": "lockstep.probe.window/v1", "nic": nic, "start_ns": start_ns, "window_s": window_s,
+            "clock": "cluster", "probes": probes, "received": []})
+    return out

@@ -15,7 +15,10 @@ from console.commands.models import Command
 from console.fleet import services as fleet_services
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.services import apply_inventory, enroll, import_topology
+from console.incidents import services as incident_services
+from console.incidents.models import Incident, ProbeWindow, WindowState
 from console.jobs import services as job_services
+from console.telemetry import kinds
 from console.telemetry.kinds import StoredRecord, StoredRecords
 from console.telemetry.models import TelemetryRecord
 from console.telemetry.services import ingest
@@ -79,6 +82,31 @@ class Fleet:
     pair_estimate: PairEstimate
 
 
+def probe_window(cluster: Cluster, node: Node, start_ns: int) -> dict:
+    """A probe.window record of the node's NIC: 30 of 100 probes to another host's NIC lost."""
+    nic, peer = f"{node.name}/nic0", next(n for n in Nic.objects.filter(cluster=cluster) if n.node_id != node.pk)
+    return {"format": "lockstep.probe.window/v1", "nic": nic, "start_ns": start_ns, "window_s": 1.0,
+            "probes": [{"src": nic, "dst": peer.name, "via": "probe", "sent": 100, "lost": 30}], "received": []}
+
+
+def make_incident(cluster: Cluster, node: Node) -> None:
+    """The node's stored probe window filed, a verdict naming the host, the incident it opens
+    (then resolved), and the cluster's probe plan (through the incidents services). Where the
+    telemetry handlers run at once (a test with transactions), the window has already been filed."""
+    rows = list(TelemetryRecord.objects.filter(node=node, kind="probe.window").select_related("batch"))
+    stored = kinds.StoredRecords("probe.window", node.organization_id, cluster.pk, node.pk, rows[0].batch_id,
+                                 rows[0].batch.seq, tuple(kinds.StoredRecord(r.pk, r.ts, r.data) for r in rows))
+    if not ProbeWindow.objects.filter(cluster=cluster).exists():
+        incident_services.add_probe_records(stored)
+    window = ProbeWindow.objects.get(cluster=cluster)
+    if window.state == WindowState.QUEUED:
+        incident_services.record_verdict(window.pk, {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": [
+            {"kind": "host", "name": node.name, "confidence": 0.97, "evidence": {"loss": {node.name: 0.3}}}]})
+        # resolved, so the fleet's health stays what the other tests expect
+        incident_services.resolve(Incident.objects.get(cluster=cluster))
+    incident_services.push_probe_plan(cluster)
+
+
 def make_fleet(organization, name: str = "cluster") -> Fleet:
     cluster = Cluster.objects.create(organization=organization, name=name)
     prefix = f"{organization.slug}-node"
@@ -91,17 +119,22 @@ def make_fleet(organization, name: str = "cluster") -> Fleet:
     clock_sync = clock_services.start(cluster)
     estimate = {"node": node.name, "t_ref_ns": 1_796_403_600_000_000_000, "window_s": 2.0,
                 "pairs": [{"peer": f"{prefix}1", "offset_ns": 1830.5, "drift_ppm": 0.41, "sigma_ns": 120.0}]}
+    start_ns = int(timezone.now().timestamp()) * 10**9
     ingest(node, {"seq": 1, "records": [{"kind": "node.health", "ts": timezone.now().isoformat(), "data": {"x": 1}},
-                                        {"kind": "clock.estimate", "ts": timezone.now().isoformat(), "data": estimate}]},
-           100)
+                                        {"kind": "clock.estimate", "ts": timezone.now().isoformat(), "data": estimate},
+                                        {"kind": "probe.window", "ts": start_ns / 1e9 + 1,
+                                         "data": probe_window(cluster, node, start_ns)}]}, 100)
     # an audit of the cluster: its one node is still enrolling, so it is not audited (a warning)
     audit, _ = audit_services.start_audit(cluster, options={"load": False})
     audit_services.advance(audit)
+    # an hourly audit schedule, so the schedule route has an object to answer with
+    audit_services.set_schedule(cluster, interval_s=3600)
     # the clock.estimate handler (it runs after commit, which these tests' transactions never reach)
     record = TelemetryRecord.objects.get(node=node, kind="clock.estimate")
     clock_services.store_estimates(StoredRecords("clock.estimate", organization.pk, cluster.pk, node.pk,
                                                  record.batch_id, 1, (StoredRecord(record.pk, record.ts, record.data),)))
     make_job(node)
+    make_incident(cluster, node)
     return Fleet(
         cluster=cluster,
         node=node,

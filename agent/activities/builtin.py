@@ -87,7 +87,7 @@ def send_telemetry(ctx) -> None:
         while daemon.wait_ready(ctx):
             batch = buf.next_batch()
             if batch is None:
-                buf.wait(min(1.0, buf.linger_s))
+                buf.wait(max(0.01, buf.due_in(1.0)))
                 continue
             data = buf.encode(batch)
             if len(data) > int(daemon.cred.telemetry_max_batch_bytes):

@@ -19,6 +19,9 @@ are registered in `console.commands.registry`:
 - `validate(data) -> data` checks one record's `data` (and may normalize it); it raises
   `KindInvalid(field, problem)` naming the field inside `data`. The agent is told
   `records[3].data.loss: must be a number in 0..1` and drops that record only.
+- `check_node(node, records)` (optional) checks a batch's records of the kind against the node
+  that posts them (`records`: `[(index in the batch, data)]`), before anything is stored: a probe
+  window must name the node's own NICs. It raises `KindInvalid(field, problem, index=i)`.
 - Handlers run once per stored batch, after its transaction commits (so a rolled-back batch
   triggers nothing, and a retried duplicate is not handled twice), with the records of their
   kind, in the node's organization (`console.core.scoping.for_organization`). They run on the
@@ -69,8 +72,8 @@ __all__ = [
 class KindInvalid(ValueError):
     """A record's data does not fit its kind. `field` is the path inside `data` ("" for all of it)."""
 
-    def __init__(self, field: str, problem: str):
-        self.field, self.problem = field, problem
+    def __init__(self, field: str, problem: str, index: int | None = None):
+        self.field, self.problem, self.index = field, problem, index
         super().__init__(f"{field}: {problem}" if field else problem)
 
 
@@ -100,6 +103,7 @@ class StoredRecords:
 
 
 Validator = Callable[[dict], dict]
+NodeCheck = Callable[[object, list[tuple[int, dict]]], None]
 Handler = Callable[[StoredRecords], None]
 
 
@@ -109,6 +113,7 @@ class TelemetryKind:
     description: str
     validate: Validator
     handlers: list[Handler] = field(default_factory=list)
+    check_node: NodeCheck | None = None
     # A stand-in registered by the console for a forwarded event kind; a feature's own
     # registration of the same name replaces it.
     generic: bool = False

@@ -114,6 +114,7 @@ def parse_batch(payload, max_records: int) -> tuple[int, int, list[tuple[str, da
 def ingest(node: Node, payload, max_records: int) -> IngestResult:
     """Store a batch for the node (in the caller's scope: the node's organization)."""
     seq, dropped, records = parse_batch(payload, max_records)
+    _check_node(node, records)
     organization = str(node.organization_id)
     if TelemetryBatch.objects.filter(node=node, seq=seq).exists():
         TELEMETRY_BATCHES.labels(organization, "duplicate").inc()
@@ -148,6 +149,20 @@ def ingest(node: Node, payload, max_records: int) -> IngestResult:
     for group in groups:
         TELEMETRY_RECORDS.labels(organization, group.kind).inc(len(group.records))
     return IngestResult(len(records), False)
+
+
+def _check_node(node: Node, records: list[tuple[str, datetime, dict]]) -> None:
+    """The kinds' checks of the records against the node that posts them (`TelemetryKind.check_node`)."""
+    per_kind: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    for i, (name, _ts, data) in enumerate(records):
+        if kinds.get(name).check_node is not None:
+            per_kind[name].append((i, data))
+    for name, indexed in per_kind.items():
+        try:
+            kinds.get(name).check_node(node, indexed)
+        except kinds.KindInvalid as exc:
+            where = f"records[{exc.index}].data" + (f".{exc.field}" if exc.field else "")
+            raise BatchInvalid(where, exc.problem) from None
 
 
 def _by_kind(node: Node, batch: TelemetryBatch, rows: list[TelemetryRecord]) -> list[kinds.StoredRecords]:

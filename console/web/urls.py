@@ -15,6 +15,7 @@ urlpatterns = [
     path("clusters/", views.clusters, name="clusters"),
     path("clusters/<int:pk>/", views.cluster, name="cluster"),
     path("clusters/<int:pk>/status.json", views.cluster_status_json, name="cluster-status"),
+    path("clusters/<int:pk>/incidents/<int:incident_pk>/", views.incident, name="incident"),
     path("clusters/<int:pk>/enrollment-tokens/<int:token_pk>/revoke/", views.revoke_enrollment_token,
          name="revoke-enrollment-token"),
     path("clusters/<int:pk>/audits/", audits.audits, name="audits"),

@@ -24,10 +24,12 @@ from console.core.errors import DomainError
 from console.fleet import services
 from console.fleet.install_command import install_command
 from console.fleet.models import Cluster, EnrollmentToken, Node
+from console.incidents.models import Incident
 from console.live.groups import cluster_group, organization_group
 from console.tenancy import services as tenancy
 from console.tenancy.models import Role
 from console.tenancy.scope import SESSION_ORGANIZATION_KEY, Scope
+from console.web.heatmap import heatmap_svg, timeline_svg
 from console.web.maps import cluster_map, map_status
 from console.web.svg import render_map
 
@@ -213,3 +215,24 @@ def invitations(request):
         messages.info(request, "Invitation declined.")
         return redirect("invitations")
     return render(request, "web/invitations.html", {"invitations": tenancy.invitations_for(request.user)})
+
+
+@require_GET
+def incident(request, pk: int, incident_pk: int):
+    cluster = _cluster_or_404(request, pk)
+    found = Incident.objects.filter(cluster=cluster, pk=incident_pk).first()
+    if found is None:
+        raise Http404("No such incident.")
+    events = list(found.events.order_by("ts", "id"))
+    points = [e for e in events if e.kind == "window" and e.loss is not None]
+    name = f"{found.kind} {found.culprit}"
+    return render(request, "web/incident.html", {
+        "cluster": cluster,
+        "incident": found,
+        "events": [e for e in events if e.kind != "window"],
+        "windows_shown": len(points),
+        "heatmap": heatmap_svg(found.evidence.get("during", []), f"Loss of the pairs crossing {name}"),
+        "timeline": timeline_svg([((e.ts - points[0].ts).total_seconds(), e.loss) for e in points],
+                                 f"Loss of {name} per window") if points else "",
+        "live_groups": [cluster_group(cluster.organization_id, cluster.pk)],
+    })

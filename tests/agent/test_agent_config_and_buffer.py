@@ -187,3 +187,24 @@ def test_torn_last_line_and_split_on_413(tmp_path):
     assert second["seq"] == head["seq"] + 1 and [r["data"]["i"] for r in second["records"]] == list(range(5, 10))
     assert buf.discard_head("refused") == 5
     assert buf.stats()["dropped_total"] == 5
+
+
+def test_a_probe_window_is_sent_without_the_linger_and_windows_emitted_together_travel_together(tmp_path):
+    import time
+
+    from agent.telemetry import PROMPT_LINGER_S
+
+    buf = TelemetryBuffer(tmp_path / "p", max_bytes=1 << 20, linger_s=3600.0, sync=False)
+    buf.emit("test.sample", {"i": 0})
+    assert buf.next_batch() is None and buf.due_in(10.0) > 1.0  # an ordinary record lingers
+    buf.emit("probe.window", {"nic": "h/nic0"})
+    buf.emit("probe.window", {"nic": "h/nic1"})
+    assert buf.due_in(10.0) <= PROMPT_LINGER_S
+    deadline = time.monotonic() + 10
+    while (batch := buf.next_batch()) is None and time.monotonic() < deadline:
+        buf.wait(max(0.01, buf.due_in(1.0)))
+    assert batch is not None
+    assert [r["kind"] for r in batch["records"]] == ["test.sample", "probe.window", "probe.window"]
+    buf.ack(batch["seq"])
+    buf.emit("test.sample", {"i": 1})
+    assert buf.next_batch() is None  # the prompt is spent with the batch that carried it

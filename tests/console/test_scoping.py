@@ -44,7 +44,8 @@ def tenant_models():
 def test_every_domain_model_is_tenant_owned():
     owned = {m._meta.label for m in tenant_models()}
     domain = {m._meta.label for m in apps.get_models()
-              if m._meta.app_label in ("tenancy", "fleet", "commands", "telemetry", "audits", "clocks")}
+              if m._meta.app_label in ("tenancy", "fleet", "commands", "telemetry", "audits", "clocks", "incidents",
+                                       "jobs")}
     assert domain == owned
 
 

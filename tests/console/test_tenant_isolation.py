@@ -32,6 +32,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from console.core.models import TenantOwned
+from console.incidents.models import Incident
 from console.jobs.models import Job
 from console.tenancy.models import Role
 from tests.factories import make_fleet
@@ -383,6 +384,7 @@ PAGE_OBJECTS = {
     "token_pk": lambda acme: acme.fleet.enrollment_token.pk,
     "audit_pk": lambda acme: acme.fleet.audit.pk,  # /audits/<audit_pk>/...
     "job_pk": lambda acme: Job.objects.get(cluster=acme.fleet.cluster).pk,  # /jobs/<job_pk>/
+    "incident_pk": lambda acme: Incident.objects.get(cluster=acme.fleet.cluster).pk,
 }
 # Routes outside /api/v1/ that name no tenant object (their parameters, if any, are not tenant
 # objects), and what keeps them tenant-safe.

@@ -84,8 +84,34 @@
         else { remember(kind, row); setHealth(kind, row.name, row.health); }
       });
     });
+    if (status.incidents) applyIncidents(status.incidents);
     document.body.dataset.statusAt = status.generated_at || "";
     refreshDetails();
+  }
+
+  // The cluster's open incidents, newest first, each a link to its page.
+  function applyIncidents(incidents) {
+    var list = document.getElementById("incidents");
+    if (!list) return;
+    var items = incidents.map(function (incident) {
+      var li = document.createElement("li");
+      li.dataset.incident = String(incident.id);
+      var a = document.createElement("a");
+      a.href = list.dataset.base + incident.id + "/";
+      a.textContent = incident.kind + " " + incident.culprit;
+      var state = document.createElement("span");
+      state.className = "state incident-" + incident.state;
+      state.textContent = incident.state;
+      li.append(a, " ", state, incident.network_ok ? " · not the network" : "");
+      return li;
+    });
+    if (!items.length) {
+      var none = document.createElement("li");
+      none.className = "muted";
+      none.textContent = "No open incidents.";
+      items.push(none);
+    }
+    list.replaceChildren.apply(list, items);
   }
 
   // --- fetching -----------------------------------------------------------------------------
@@ -159,7 +185,8 @@
 
   function onEvents(message) {
     message.events.forEach(function (event) {
-      if (event.kind === "command") return;  // commands do not change what these pages show
+      // commands and probe windows (every second) do not change what these pages show
+      if (event.kind === "command" || event.kind === "probe_window") return;
       if (event.kind === "clock.node" || event.kind === "clock.sync") applyClock(event.kind, event.data);
       else if (statusUrl && event.kind === "node") applyNode(event.data);
       else if (statusUrl && event.kind === "topology") topologyChanged();

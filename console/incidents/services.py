@@ -1,0 +1,534 @@
+"""Incidents' one writer: probe windows as they fill, their triangulation, incidents and their
+timeline, the health of the elements they name, and the probe plan pushed to agents.
+
+Flow: the `probe.window` handler files each NIC's record into its cluster window
+(`add_probe_records`); a window is queued for triangulation when every NIC expected has
+reported, or when it is overdue (`OVERDUE_WINDOWS` newer windows have started: a NIC that went
+silent does not hold its window back for ever). The Celery task calls `triangulate_window`: the
+records become one `lockstep.observations/v1` (workers.probemesh), the triangulation
+(workers.triangulation) gives the verdict, the tracker (workers.incidents) turns verdicts into
+open / update / resolve, and each action writes the incident, its timeline and the element's
+health, and publishes them live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import threading
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.db import transaction
+from django.utils import timezone
+
+from console.core.errors import Conflict, Invalid
+from console.core.models import Health
+from console.fleet.inventory import LINK_HEALTH
+from console.fleet.models import Cluster, Link, Nic, Node, NodeState, Switch
+from console.fleet.topology_io import export_topology
+from console.incidents.models import (
+    Incident,
+    IncidentEvent,
+    IncidentState,
+    IncidentTracker,
+    ProbePlan,
+    ProbeWindow,
+    WindowState,
+)
+from console.live.publish import publish
+from console.telemetry.kinds import StoredRecords
+from console.telemetry.models import TelemetryRecord
+from workers.fabric.topology import parse_topology
+from workers.incidents import Hysteresis, step
+from workers.probemesh.observations import observations
+from workers.probeplan import plan_probes
+from workers.triangulation import FabricModel, pairs_through, triangulate
+
+log = logging.getLogger(__name__)
+
+OVERDUE_WINDOWS = 2  # a window still filling when this many newer ones have started is triangulated as is
+PROBE_WINDOW_RETENTION_S = 3600  # windows (and their verdicts) kept per cluster
+MAX_TIMELINE_POINTS = 600  # per incident: one point per window naming it, the newest kept
+MAX_EVIDENCE_PAIRS = 64  # per incident: the affected pairs, lossiest first
+MAX_SUMMARY_PAIRS = 256  # per window: the lossiest pairs (the heat map's data)
+HYSTERESIS = Hysteresis()
+# Windows that start this soon after a plan push are not tracked: agents take up a plan one by
+# one, and a NIC that has not yet started answering looks like a dead one.
+PLAN_SETTLE_S = 5.0
+DOWN_LOSS = 0.5  # a culprit losing at least this much is drawn down, below it degraded
+
+
+# --- filing records into windows ---------------------------------------------------------------
+
+
+def expected_nics(cluster_id: int) -> int:
+    """How many NICs report each window: those of the plan last pushed; without one (agents
+    probing on a plan from elsewhere), the topology's NICs on ready nodes."""
+    plan = ProbePlan.objects.filter(cluster_id=cluster_id).first()
+    if plan is not None and plan.nics:
+        return plan.nics
+    return Nic.objects.filter(cluster_id=cluster_id, in_topology=True, node__state=NodeState.READY).count()
+
+
+def add_probe_records(stored: StoredRecords) -> list[int]:
+    """File a batch's probe.window records into their cluster windows; returns the ids of the
+    windows this queued for triangulation (each record is of the node's own NIC: its kind's
+    node check refused the batch otherwise)."""
+    by_start: dict[int, list] = {}
+    for record in stored.records:
+        by_start.setdefault(record.data["start_ns"], []).append(record)
+    queued: list[int] = []
+    expected = expected_nics(stored.cluster_id) if by_start else 0
+    for start_ns, records in sorted(by_start.items()):
+        with transaction.atomic():
+            window, _ = ProbeWindow.objects.select_for_update().get_or_create(
+                cluster_id=stored.cluster_id, start_ns=start_ns,
+                defaults={"organization_id": stored.organization_id, "window_s": records[0].data["window_s"],
+                          "expected": expected})
+            window.reported += len(records)
+            update = ["reported"]
+            if window.state == WindowState.FILLING and window.reported >= max(1, window.expected):
+                window.state = WindowState.QUEUED
+                update.append("state")
+                queued.append(window.pk)
+            window.save(update_fields=update)
+    if by_start:
+        queued += _queue_overdue(stored.cluster_id, max(by_start))
+    for window_id in queued:
+        _enqueue(stored.organization_id, window_id)
+    return queued
+
+
+def _queue_overdue(cluster_id: int, newest_start_ns: int) -> list[int]:
+    queued = []
+    for window in ProbeWindow.objects.filter(cluster_id=cluster_id, state=WindowState.FILLING,
+                                             start_ns__lt=newest_start_ns).only("id", "start_ns", "window_s"):
+        overdue = window.start_ns + OVERDUE_WINDOWS * window.window_s * 1e9 <= newest_start_ns
+        if overdue and ProbeWindow.objects.filter(pk=window.pk, state=WindowState.FILLING).update(
+                state=WindowState.QUEUED):
+            queued.append(window.pk)
+    return queued
+
+
+def queue_stale_windows(now: datetime | None = None) -> list[int]:
+    """Windows still filling long after they ended (every agent went quiet): queue them (the
+    periodic sweep, in the caller's scope)."""
+    now = now or timezone.now()
+    queued = []
+    for window in ProbeWindow.objects.filter(state=WindowState.FILLING,
+                                             created__lt=now - timedelta(seconds=5)):
+        if ProbeWindow.objects.filter(pk=window.pk, state=WindowState.FILLING).update(state=WindowState.QUEUED):
+            queued.append(window.pk)
+            _enqueue(window.organization_id, window.pk)
+    return queued
+
+
+def _enqueue(organization_id: int, window_id: int) -> None:
+    from console.incidents.tasks import triangulate_probe_window
+
+    transaction.on_commit(lambda: triangulate_probe_window.delay(organization_id, window_id))
+
+
+# --- triangulation ----------------------------------------------------------------------------
+
+_models: dict[tuple[int, str], FabricModel] = {}
+_models_lock = threading.Lock()
+
+
+def fabric_model(cluster: Cluster) -> FabricModel:
+    """The cluster's FabricModel, kept across windows until its topology is imported again."""
+    key = (cluster.pk, cluster.topology_imported_at.isoformat() if cluster.topology_imported_at else "")
+    with _models_lock:
+        model = _models.get(key)
+    if model is None:
+        model = FabricModel(parse_topology(export_topology(cluster)))
+        with _models_lock:
+            for stale in [k for k in _models if k[0] == cluster.pk]:
+                del _models[stale]
+            _models[key] = model
+    return model
+
+
+def _window_records(window: ProbeWindow) -> list[dict]:
+    """The window's probe.window records, one per NIC (a NIC's newest, should it report twice)."""
+    start = datetime.fromtimestamp(window.start_ns / 1e9, tz=dt_timezone.utc)
+    rows = TelemetryRecord.objects.filter(
+        cluster_id=window.cluster_id, kind="probe.window", ts__gte=start - timedelta(seconds=60),
+        ts__lte=start + timedelta(seconds=window.window_s + 600),
+        data__start_ns=window.start_ns).order_by("ts", "id").values_list("data", "node_id")
+    nics_of = {}
+    for name, node_id in Nic.objects.filter(cluster_id=window.cluster_id).values_list("name", "node_id"):
+        nics_of[name] = node_id
+    by_nic: dict[str, dict] = {}
+    for data, node_id in rows:
+        if nics_of.get(data["nic"]) == node_id:
+            by_nic[data["nic"]] = data
+    return list(by_nic.values())
+
+
+def _known_pairs(doc: dict, model: FabricModel) -> tuple[dict, int]:
+    """The observations restricted to NICs of the topology; and how many probes rows were left out."""
+    known = model.index.nic_index
+    kept = [p for p in doc["probes"] if p["src"] in known and p["dst"] in known]
+    return {**doc, "probes": kept}, len(doc["probes"]) - len(kept)
+
+
+def _pair_row(p: dict, share: float | None = None) -> dict:
+    row = {"src": p["src"], "dst": p["dst"], "sent": p["sent"], "lost": p["lost"],
+           "loss": round(p["lost"] / p["sent"], 4) if p["sent"] else 0.0}
+    if "owd_us" in p:
+        row["p50_us"], row["p99_us"] = p["owd_us"]["p50"], p["owd_us"]["p99"]
+    if share is not None:
+        row["share"] = round(float(share), 3)
+    return row
+
+
+def _summary(doc: dict, ignored: int) -> dict:
+    probes = doc["probes"]
+    sent = sum(p["sent"] for p in probes)
+    lost = sum(p["lost"] for p in probes)
+    lossy = sorted((p for p in probes if p["lost"]), key=lambda p: (-p["lost"] / p["sent"], p["src"], p["dst"]))
+    return {"pairs": len(probes), "sent": sent, "lost": lost, "loss": round(lost / sent, 6) if sent else 0.0,
+            "ignored_pairs": ignored, "lossy_pairs": len(lossy),
+            "worst": [_pair_row(p) for p in lossy[:MAX_SUMMARY_PAIRS]]}
+
+
+def triangulate_window(window_id: int) -> ProbeWindow | None:
+    """Triangulate one queued window and apply what its verdict means (in the window's
+    organization). Windows of a cluster are tracked in order: one older than the newest tracked
+    is triangulated and stored, and changes no incident."""
+    return _settle(window_id, lambda model, doc: triangulate(model, doc).to_document(evidence=True))
+
+
+def record_verdict(window_id: int, verdict: dict) -> ProbeWindow | None:
+    """Apply a verdict reached elsewhere (`python -m workers.triangulation` on the window, a
+    replay) to a queued window, as its triangulation would."""
+    return _settle(window_id, lambda model, doc: verdict)
+
+
+def _settle(window_id: int, judge) -> ProbeWindow | None:
+    window = ProbeWindow.objects.filter(pk=window_id).select_related("cluster").first()
+    if window is None or window.state != WindowState.QUEUED:
+        return window
+    cluster = window.cluster
+    with transaction.atomic():
+        tracker, _ = IncidentTracker.objects.select_for_update().get_or_create(
+            cluster=cluster, defaults={"organization_id": cluster.organization_id})
+        window = ProbeWindow.objects.select_for_update().get(pk=window_id)
+        if window.state != WindowState.QUEUED:
+            return window
+        try:
+            model = fabric_model(cluster)
+            doc, ignored = _known_pairs(observations(_window_records(window), topology=None), model)
+            verdict = judge(model, doc)
+        except (ValueError, KeyError) as exc:  # ObservationsError, ProbeWindowError, TopologyError
+            window.state, window.error = WindowState.FAILED, str(exc)[:1000]
+            window.triangulated_at = timezone.now()
+            window.save(update_fields=["state", "error", "triangulated_at", "updated"])
+            log.warning("event=probe_window_failed cluster=%s start_ns=%s error=%s", cluster.pk, window.start_ns, exc)
+            return window
+        window.verdict, window.network_ok = verdict, verdict["network_ok"]
+        window.summary = _summary(doc, ignored)
+        window.triangulated_at = timezone.now()
+        plan = ProbePlan.objects.filter(cluster=cluster).only("pushed_at").first()
+        if window.start_ns <= tracker.last_start_ns:
+            window.state = WindowState.LATE
+        elif plan is not None and plan.pushed_at and window.start_ns < (plan.pushed_at.timestamp() + PLAN_SETTLE_S) * 1e9:
+            window.state = WindowState.SETTLING
+        else:
+            window.state = WindowState.DONE
+            tracker.state, actions = step(tracker.state, window.start_ns, verdict["culprits"], HYSTERESIS)
+            tracker.last_start_ns = window.start_ns
+            tracker.save(update_fields=["state", "last_start_ns", "updated"])
+            for action in actions:
+                _apply(cluster, window, action, model, doc)
+        window.save(update_fields=["verdict", "network_ok", "summary", "triangulated_at", "state", "updated"])
+        publish(cluster.organization_id, cluster.pk, "probe_window",
+                {"id": window.pk, "start_ns": window.start_ns, "network_ok": window.network_ok,
+                 "culprits": [{k: c[k] for k in ("kind", "name", "confidence")} for c in verdict["culprits"]],
+                 "pairs": window.summary["pairs"], "loss": window.summary["loss"]}, key="latest")
+    ProbeWindow.objects.filter(cluster=cluster,
+                               start_ns__lt=window.start_ns - int(PROBE_WINDOW_RETENTION_S * 1e9)).delete()
+    return window
+
+
+def _window_time(window: ProbeWindow) -> datetime:
+    return datetime.fromtimestamp((window.start_ns / 1e9) + window.window_s, tz=dt_timezone.utc)
+
+
+def _culprit_loss(culprit: dict) -> float | None:
+    losses = culprit.get("evidence", {}).get("loss", {})
+    return round(max(losses.values()), 6) if losses else None
+
+
+def _evidence(model: FabricModel, doc: dict, culprit: dict, previous: ProbeWindow | None) -> dict:
+    """The pairs whose probes can cross the culprit, lossiest first, now and in the window before."""
+    try:
+        rows, share = pairs_through(model, doc, culprit["kind"], culprit["name"])
+    except KeyError:
+        return {}
+    probes = doc["probes"]
+    during = sorted((_pair_row(probes[int(r)], s) for r, s in zip(rows, share, strict=True)),
+                    key=lambda p: (-p["loss"], -p.get("p99_us", 0), p["src"], p["dst"]))[:MAX_EVIDENCE_PAIRS]
+    before_by_pair = {}
+    if previous is not None and previous.summary:
+        before_by_pair = {(p["src"], p["dst"]): p for p in previous.summary.get("worst", [])}
+    before = [before_by_pair.get((p["src"], p["dst"]), {"src": p["src"], "dst": p["dst"], "loss": 0.0})
+              for p in during]
+    return {"window_start_ns": doc.get("start_ns"), "pairs_crossing": len(rows), "during": during,
+            "before": before, "before_window_start_ns": previous.start_ns if previous else None,
+            "culprit": {k: v for k, v in culprit.items() if k != "name"}}
+
+
+def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, doc: dict) -> None:
+    kind, name = action.key.split(":", 1)
+    seen = _window_time(window)
+    incident = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name)
+                .exclude(state=IncidentState.RESOLVED).order_by("-opened_at").first())
+    if action.action == "resolve":
+        if incident is not None:
+            _resolve(incident, seen, "the culprit was not named for "
+                                     f"{HYSTERESIS.clear_windows} windows in a row")
+        return
+    culprit = action.culprit
+    loss = _culprit_loss(culprit)
+    if incident is None:
+        previous = (ProbeWindow.objects.filter(cluster=cluster, start_ns__lt=window.start_ns,
+                                               state__in=[WindowState.DONE, WindowState.LATE, WindowState.SETTLING])
+                    .order_by("-start_ns").first())
+        evidence = _evidence(model, doc, culprit, previous)
+        last = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name, state=IncidentState.RESOLVED)
+                .order_by("-resolved_at").first()) if action.action == "reopen" else None
+        if last is not None:
+            incident = last
+            incident.state, incident.resolved_at, incident.resolved_by = IncidentState.OPEN, None, None
+            incident.reopened += 1
+            event = "reopened"
+        else:
+            incident = Incident(organization_id=cluster.organization_id, cluster=cluster, kind=kind, culprit=name,
+                                network_ok=kind == "host", first_seen=seen)
+            event = "opened"
+        incident.confidence, incident.loss, incident.last_seen = culprit["confidence"], loss, seen
+        incident.windows += 1
+        incident.evidence = evidence
+        incident.save()
+        _timeline(incident, event, seen, culprit["confidence"], loss, {"window_start_ns": window.start_ns})
+        _set_health(incident, _incident_health(incident))
+    else:
+        incident.confidence, incident.loss, incident.last_seen = culprit["confidence"], loss, seen
+        incident.windows += 1
+        incident.save(update_fields=["confidence", "loss", "last_seen", "windows"])
+    _timeline(incident, "window", seen, culprit["confidence"], loss,
+              {"window_start_ns": window.start_ns, "loss": culprit.get("evidence", {}).get("loss", {}),
+               "delay": {k: v for k, v in culprit.get("evidence", {}).items() if k not in ("loss", "pairs", "nics")}})
+    _publish(incident)
+
+
+def _timeline(incident: Incident, kind: str, ts: datetime, confidence: float | None, loss: float | None,
+              data: dict) -> None:
+    IncidentEvent.objects.create(organization_id=incident.organization_id, cluster_id=incident.cluster_id,
+                                 incident=incident, ts=ts, kind=kind, confidence=confidence, loss=loss, data=data)
+    if kind == "window":
+        points = IncidentEvent.objects.filter(incident=incident, kind="window")
+        if points.count() > MAX_TIMELINE_POINTS:
+            oldest = points.order_by("-ts", "-id").values_list("id", flat=True)[MAX_TIMELINE_POINTS:]
+            IncidentEvent.objects.filter(pk__in=list(oldest)).delete()
+
+
+# --- element health ---------------------------------------------------------------------------
+
+_ELEMENTS = {"link": Link, "switch": Switch, "nic": Nic}
+_WORSE = {Health.UNKNOWN: 0, Health.OK: 1, Health.DEGRADED: 2, Health.DOWN: 3}
+
+
+def _incident_health(incident: Incident) -> str:
+    return Health.DOWN if incident.loss is not None and incident.loss >= DOWN_LOSS else Health.DEGRADED
+
+
+def _set_health(incident: Incident, health: str) -> None:
+    """The culprit element's health (a host has none of its own: the status JSON overlays its
+    open incidents on its node), published for the map."""
+    model = _ELEMENTS.get(incident.kind)
+    if model is not None:
+        model.objects.filter(cluster_id=incident.cluster_id, name=incident.culprit).update(health=health)
+    publish(incident.organization_id, incident.cluster_id, "element",
+            {"kind": incident.kind, "name": incident.culprit, "health": health}, key=f"{incident.kind}:{incident.culprit}")
+
+
+def _healthy_again(incident: Incident) -> str:
+    if incident.kind == "nic":
+        nic = Nic.objects.filter(cluster_id=incident.cluster_id, name=incident.culprit).first()
+        return LINK_HEALTH.get(nic.link_state, Health.UNKNOWN) if nic else Health.UNKNOWN
+    return Health.OK
+
+
+def open_incident_health(cluster_id: int) -> dict[tuple[str, str], str]:
+    """(kind, name) -> the health the cluster's open incidents give their culprits."""
+    out: dict[tuple[str, str], str] = {}
+    for incident in Incident.objects.filter(cluster_id=cluster_id).exclude(state=IncidentState.RESOLVED):
+        key, health = (incident.kind, incident.culprit), _incident_health(incident)
+        if _WORSE[health] > _WORSE.get(out.get(key, Health.UNKNOWN), 0):
+            out[key] = health
+    return out
+
+
+def open_incidents(cluster_id: int) -> list[dict]:
+    """The cluster's open incidents, as the status JSON lists them (newest first, bounded)."""
+    rows = (Incident.objects.filter(cluster_id=cluster_id).exclude(state=IncidentState.RESOLVED)
+            .order_by("-last_seen").values("id", "kind", "culprit", "state", "network_ok", "confidence", "loss",
+                                          "first_seen", "last_seen")[:100])
+    return [{**r, "first_seen": r["first_seen"].isoformat(), "last_seen": r["last_seen"].isoformat()} for r in rows]
+
+
+def worse(a: str, b: str | None) -> str:
+    return b if b is not None and _WORSE[b] > _WORSE[a] else a
+
+
+# --- operators' actions -----------------------------------------------------------------------
+
+
+def acknowledge(incident: Incident, user=None) -> Incident:
+    if incident.state == IncidentState.RESOLVED:
+        raise Conflict("the incident is resolved; nothing to acknowledge")
+    if incident.state == IncidentState.ACKNOWLEDGED:
+        return incident
+    with transaction.atomic():
+        now = timezone.now()
+        incident.state, incident.acknowledged_at = IncidentState.ACKNOWLEDGED, now
+        incident.acknowledged_by = user if user is not None and user.is_authenticated else None
+        incident.save(update_fields=["state", "acknowledged_at", "acknowledged_by"])
+        _timeline(incident, "acknowledged", now, None, None,
+                  {"by": getattr(incident.acknowledged_by, "username", None)})
+        _publish(incident)
+    return incident
+
+
+def resolve(incident: Incident, user=None) -> Incident:
+    """An operator resolves the incident; the tracker forgets its culprit, so a fault still there
+    reopens it after the windows it takes to open."""
+    if incident.state == IncidentState.RESOLVED:
+        raise Conflict("the incident is already resolved")
+    with transaction.atomic():
+        tracker = IncidentTracker.objects.select_for_update().filter(cluster_id=incident.cluster_id).first()
+        key = f"{incident.kind}:{incident.culprit}"
+        if tracker is not None and key in tracker.state.get("culprits", {}):
+            tracker.state["culprits"].pop(key)
+            tracker.state.setdefault("resolved", {})[key] = tracker.last_start_ns
+            tracker.save(update_fields=["state"])
+        incident.resolved_by = user if user is not None and user.is_authenticated else None
+        _resolve(incident, timezone.now(), f"resolved by {getattr(incident.resolved_by, 'username', 'an operator')}")
+    return incident
+
+
+def _resolve(incident: Incident, at: datetime, why: str) -> None:
+    incident.state, incident.resolved_at = IncidentState.RESOLVED, at
+    incident.save(update_fields=["state", "resolved_at", "resolved_by"])
+    _timeline(incident, "resolved", at, None, None, {"why": why})
+    _set_health(incident, _healthy_again(incident))
+    _publish(incident)
+
+
+def _publish(incident: Incident) -> None:
+    publish(incident.organization_id, incident.cluster_id, "incident", {
+        "id": incident.pk, "kind": incident.kind, "culprit": incident.culprit, "state": incident.state,
+        "network_ok": incident.network_ok, "confidence": round(incident.confidence, 4), "loss": incident.loss,
+        "first_seen": incident.first_seen.isoformat(), "last_seen": incident.last_seen.isoformat(),
+        "windows": incident.windows,
+    }, key=str(incident.pk))
+
+
+# --- the probe plan ---------------------------------------------------------------------------
+
+PLAN_OPTIONS = ("interval_ms", "window_ms", "port", "sport_first", "sport_count", "deadline_floor_ms", "paths")
+
+
+def _ipv4(addresses) -> str | None:
+    for a in addresses or []:
+        try:
+            iface = ipaddress.ip_interface(str(a))
+        except ValueError:
+            continue
+        if iface.version == 4 and not iface.ip.is_loopback and not iface.ip.is_link_local:
+            return str(iface.ip)
+    return None
+
+
+def plan_arguments(cluster: Cluster, options: dict | None = None) -> tuple[dict[int, dict], dict]:
+    """The probe.mesh plan of each ready node (by node id), from the cluster's topology and the
+    NICs its agents reported addresses for; and a description (members, pairs, skipped)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(PLAN_OPTIONS))
+    if unknown:
+        raise Invalid(f"unknown plan option {unknown[0]!r} (known: {', '.join(PLAN_OPTIONS)})", field=unknown[0])
+    nics = list(Nic.objects.filter(cluster=cluster, in_topology=True).select_related("node").order_by("name"))
+    members, skipped = {}, []
+    for nic in nics:
+        address = _ipv4(nic.addresses)
+        if nic.node.state != NodeState.READY:
+            skipped.append({"nic": nic.name, "why": f"node {nic.node.state}"})
+        elif address is None:
+            skipped.append({"nic": nic.name, "why": "no IPv4 address reported"})
+        else:
+            members[nic.name] = (nic, address)
+    if not nics:
+        return {}, {"members": 0, "pairs": 0, "skipped": skipped}
+    plan = plan_probes(parse_topology(export_topology(cluster)), seed=cluster.pk, members=sorted(members))
+    per_node: dict[int, dict] = {}
+    pairs = 0
+    for name, (nic, address) in members.items():
+        peers = [[p, members[p][1]] for p in plan.peers.get(name, ()) if p in members]
+        pairs += len(peers)
+        entry = {"name": name, "address": address, "peers": peers}
+        if nic.device:
+            entry["interface"] = nic.device
+        per_node.setdefault(nic.node_id, {"nics": [], **options})["nics"].append(entry)
+    return per_node, {"members": len(members), "pairs": pairs, "skipped": skipped}
+
+
+def _fingerprint(cluster: Cluster, per_node: dict[int, dict]) -> str:
+    doc = {"topology": cluster.topology_imported_at.isoformat() if cluster.topology_imported_at else None,
+           "plans": {str(k): v for k, v in sorted(per_node.items())}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def push_probe_plan(cluster: Cluster, *, options: dict | None = None, force: bool = False, user=None) -> ProbePlan:
+    """Compute the cluster's probe plan and send each ready node its part (`activity.set` of
+    `probe.mesh`), unless the same plan was already pushed (`force` pushes it again)."""
+    from console.commands.services import issue_command
+
+    per_node, description = plan_arguments(cluster, options)
+    fingerprint = _fingerprint(cluster, per_node)
+    with transaction.atomic():
+        plan, _ = ProbePlan.objects.select_for_update().get_or_create(
+            cluster=cluster, defaults={"organization_id": cluster.organization_id, "fingerprint": ""})
+        if plan.fingerprint == fingerprint and not force:
+            return plan
+        nodes = {n.pk: n for n in Node.objects.filter(pk__in=list(per_node))}
+        revision = timezone.now().timestamp()
+        for node_id, args in sorted(per_node.items()):
+            issue_command(nodes[node_id], "activity.set", {"name": "probe.mesh", "args": args,
+                                                            "revision": int(revision * 1e9)}, user=user)
+        plan.fingerprint, plan.revision, plan.pushed_at = fingerprint, int(revision * 1e9), timezone.now()
+        plan.nics, plan.pairs, plan.nodes = description["members"], description["pairs"], len(per_node)
+        plan.skipped = description["skipped"][:1000]
+        plan.options = dict(options or {})
+        plan.save()
+        publish(cluster.organization_id, cluster.pk, "probe_plan",
+                {"id": plan.pk, "nics": plan.nics, "pairs": plan.pairs, "nodes": plan.nodes}, key=str(plan.pk))
+    return plan
+
+
+def refresh_probe_plans() -> list[int]:
+    """Push the plan of every cluster (in the caller's scope) whose topology or members changed
+    since its last push; returns the clusters pushed. Clusters never planned are left alone
+    until an operator pushes their first plan (the probe mesh is opted into per cluster)."""
+    pushed = []
+    for plan in ProbePlan.objects.select_related("cluster"):
+        before = plan.fingerprint
+        if push_probe_plan(plan.cluster, options=plan.options).fingerprint != before:
+            pushed.append(plan.cluster_id)
+    return pushed
+
