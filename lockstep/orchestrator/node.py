@@ -315,9 +315,12 @@ class NodeSupervisor:
             self.send({"op": "ack", "req": req})
         elif op == "kill":
             proc = self.procs.get(int(msg["rank"]))
-            if proc is not None and proc.popen.poll() is None:
+            if proc is not None and proc.popen.poll() is None and msg.get("incarnation") in (None, proc.incarnation):
+                proc.expected_exit = True
                 with contextlib.suppress(ProcessLookupError):
                     proc.popen.send_signal(int(msg.get("signal", signal.SIGKILL)))
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(5)  # dead before the ack: it writes no more state
             self.send({"op": "ack", "req": req})
         elif op == "terminate":
             self.log(f"terminating this node's workers: {msg.get('message', '')}")

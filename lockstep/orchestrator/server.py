@@ -464,7 +464,7 @@ class Orchestrator:
         while not predicate():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise core.Unrecoverable(f"timed out after {timeout:.0f} s waiting for {what}")
+                raise core.Unrecoverable(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}")
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
@@ -505,6 +505,10 @@ class Orchestrator:
             s.status = "recovering"
             s.events["freeze"] = {"op": "freeze", "generation": old_gen, "lost": lost}
             self.send_rank(s.rank, s.events["freeze"])
+        # A recovery started over: the replacements the interrupted one started must not join a
+        # group, nor write the rank's state while it is read.
+        for r in lost:
+            await self._retire_replacement(r)
         # The lost ranks' small state, from the shared memory of their nodes.
         sources = {}
         for r in lost:
@@ -527,10 +531,12 @@ class Orchestrator:
                                     "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
         for r in lost:
             self._update_plan(r, {"live_after": plan.live_after, "donors": plan.donors[r], "generation": gen,
-                                  "resume_at": plan.resume_at[r]})
+                                  "resume_at": plan.resume_at[r], "rerun_from_seq": plan.rerun_from_seq})
         await self.wait_until(
             lambda: all("rebuilt" in s.events for s in survivors) and all("resumed" in self.ranks[r].events for r in lost),
-            "the group to re-form")
+            lambda: "the group to re-form (not rebuilt: ranks {}; not resumed: ranks {})".format(
+                [s.rank for s in survivors if "rebuilt" not in s.events],
+                [r for r in lost if "resumed" not in self.ranks[r].events]))
         self.generation = gen
         resumed = time.monotonic() - t0
         for s in survivors:
@@ -561,6 +567,13 @@ class Orchestrator:
             return src
         msg = await self.node_request(info.node, {"op": "read_state", "rank": rank})
         return msg["source"]
+
+    async def _retire_replacement(self, rank: int):
+        info = self.ranks[rank]
+        stale = info.events.get("expected_incarnation")
+        node = self.nodes.get(info.node) if info.node is not None else None
+        if stale and node is not None and node.alive and node.conn is not None:
+            await self.node_request(info.node, {"op": "kill", "rank": rank, "incarnation": stale})
 
     async def _start_replacement(self, rank: int, gen: int, source: dict, resume_at: int | None,
                                  ff_limit: int | None = None):
@@ -661,7 +674,8 @@ class Orchestrator:
                 s.conn.send({"op": "rebuild", "generation": gen,
                              "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
             self._update_plan(rank, {"source": source, "resume_at": boundary, "generation": gen,
-                                     "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank]})
+                                     "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank],
+                                     "rerun_from_seq": plan.rerun_from_seq})
             await self.wait_until(lambda: "resumed" in replacement.events and all("rebuilt" in s.events for s in others),
                                   "the group to re-form")
             paused = time.monotonic()
