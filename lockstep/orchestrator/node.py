@@ -36,6 +36,7 @@ from lockstep.orchestrator import jobdir, launchspec
 from lockstep.runtime import smallstate
 
 HEARTBEAT_S = 0.3
+FORWARD_POLL_S = float(os.environ.get("LOCKSTEP_FORWARD_POLL_S", "0.002"))
 
 
 def _pdeathsig():
@@ -273,6 +274,36 @@ class NodeSupervisor:
                     self._drop()
             time.sleep(0.1)
 
+    def _forward_state(self):
+        """Copies of this node's ranks' small state, off the node, as they are written: a rank of
+        a lost node is replaced from them (the leader's own ranks need none: the job cannot
+        outlive the leader node, which holds its store and orchestrator)."""
+        watchers: dict[tuple[int, str], smallstate.SlotWatcher] = {}
+        records_size: dict[int, int] = {}
+        while not self.done:
+            time.sleep(FORWARD_POLL_S)
+            if self.orch_sock is None:
+                continue
+            for proc in list(self.procs.values()):
+                paths = smallstate.rank_paths(self.node_dir, proc.rank)
+                for kind in smallstate.KINDS:
+                    w = watchers.get((proc.rank, kind))
+                    if w is None:
+                        w = watchers[(proc.rank, kind)] = smallstate.SlotWatcher(paths[kind])
+                    got = w.poll()
+                    if got is not None:
+                        self.send({"op": "replica", "rank": proc.rank, "kind": kind,
+                                   "slot": [got[0], base64.b64encode(got[1]).decode()]})
+                try:
+                    size = os.path.getsize(paths["records"])
+                except FileNotFoundError:
+                    continue
+                if size != records_size.get(proc.rank):
+                    records_size[proc.rank] = size
+                    records = [[meta, base64.b64encode(blob).decode()]
+                               for meta, blob in smallstate.read_records(paths["records"])]
+                    self.send({"op": "replica", "rank": proc.rank, "kind": "records", "records": records})
+
     def _spares_left(self) -> int:
         return max(0, self.spares_budget - self.spares_used)
 
@@ -350,6 +381,8 @@ class NodeSupervisor:
             self.base_env.pop("LOCKSTEP_JOB_TOKEN", None)
         self.node_dir = self._node_dir()
         threading.Thread(target=self._connect_loop, daemon=True).start()
+        if self.spec.nnodes > 1 and self.node_rank != 0:
+            threading.Thread(target=self._forward_state, daemon=True).start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda s, f: self.events.put(("signal", s)))
         if join is None:

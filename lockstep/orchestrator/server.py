@@ -11,6 +11,14 @@ harmless: the ranks report the same progress). Training never waits on the orche
 it is down the job runs, and a failure in that window is handled once it is back (the
 supervisors keep the dead rank's exit and shared-memory state until then).
 
+Losses it handles: a rank killed (its supervisor's ``waitpid``), several at once, a loss while
+a recovery is under way (the recovery starts over with every rank lost so far and retires the
+replacements it had started; spares permitting), and a whole node: a supervisor silent for
+``LOCKSTEP_NODE_TIMEOUT_S`` (1.5 s; on this host, silent with its connection closed) loses
+all its ranks, which are replaced from the copies of their small state the supervisors of
+non-leader nodes forward here as the ranks write it. The leader node's loss ends the job (it
+holds the store and this process), as the loss of torchrun's rendezvous host would.
+
 Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
 the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,
 ``hold``/``release``; the command registry ``COMMANDS`` is where ``snapshot``/``restore`` plug in).
@@ -126,6 +134,9 @@ class Orchestrator:
         self._task: asyncio.Task | None = None  # the recovery or migration under way
         self._task_kind = None
         self._lost_queue: set[int] = set()
+        # Copies of the small state of ranks on nodes other than the leader, as their supervisors
+        # forward them (``read_state``'s format): what replaces a rank whose whole node is lost.
+        self.replicas: dict[int, dict] = {}
         self._done = asyncio.Event()
         self.exit_code = 0
         self.failure: str | None = None
@@ -202,11 +213,13 @@ class Orchestrator:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            # Only other hosts' silence means a lost node: on this host a dead supervisor closes
-            # its connection, and a busy machine must not be mistaken for a dead one.
+            # A node is lost when its supervisor is silent: on another host, for any reason; on
+            # this one, only once its connection has closed too (a dead process closes it, while
+            # a busy machine must not be mistaken for a dead one).
             me = socket.gethostname()
-            remote = {k: v.last_seen for k, v in self.nodes.items() if v.alive and v.host != me}
-            for n in core.lost_nodes(remote, now, NODE_TIMEOUT_S):
+            watched = {k: v.last_seen for k, v in self.nodes.items()
+                       if v.alive and (v.host != me or v.conn is None or v.conn.closed)}
+            for n in core.lost_nodes(watched, now, NODE_TIMEOUT_S):
                 self._node_lost(n, f"node {n}'s supervisor silent for {NODE_TIMEOUT_S:.1f} s")
             for node in self.nodes.values():
                 if node.conn is not None:
@@ -356,6 +369,12 @@ class Orchestrator:
             return
         if op == "exited":
             self._rank_exited(node, msg)
+        elif op == "replica":
+            copy = self.replicas.setdefault(int(msg["rank"]), {kind: None for kind in ("post", "mid", "pre")} | {"records": []})
+            if msg["kind"] == "records":
+                copy["records"] = msg["records"]
+            else:
+                copy[msg["kind"]] = msg["slot"]
 
     # -- node requests ---------------------------------------------------------------------
 
@@ -561,7 +580,7 @@ class Orchestrator:
         info = self.ranks[rank]
         node = self.nodes.get(info.node) if info.node is not None else None
         if node is None or not node.alive or node.conn is None:
-            src = info.events.get("offnode_source")
+            src = self.replicas.get(rank)
             if src is None:
                 raise core.Unrecoverable(f"rank {rank}'s node is gone and no copy of its per-rank state left it")
             return src
