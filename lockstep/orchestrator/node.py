@@ -334,10 +334,9 @@ class NodeSupervisor:
             state = smallstate.read_rank_state(self.node_dir, rank)
             src = {kind: ([state[kind][0], base64.b64encode(state[kind][1]).decode()] if state[kind] else None)
                    for kind in smallstate.KINDS}
-            # The RNG bundle of an iterator that has ended is no longer needed, only its length.
-            ended = {(m["loader"], m["index"]) for m, _ in state["records"] if m["ev"] == "end"}
-            src["records"] = [[meta, "" if (meta["loader"], meta["index"]) in ended else base64.b64encode(blob).decode()]
-                              for meta, blob in state["records"]]
+            # Every iterator's RNG bundle, an ended one's too: the boundary a replacement resumes
+            # at may predate the end (the rank died between the end and its next step).
+            src["records"] = [[meta, base64.b64encode(blob).decode()] for meta, blob in state["records"]]
             self.send({"op": "state", "req": req, "rank": rank, "source": src})
         elif op == "expect_exit":
             proc = self.procs.get(int(msg["rank"]))
