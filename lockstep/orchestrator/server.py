@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 
 from lockstep.orchestrator import core, jobdir
-from lockstep.orchestrator.events import AgentEvents
+from lockstep.orchestrator.events import AGENT_KINDS, AgentEvents
 
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
@@ -177,7 +177,8 @@ class Orchestrator:
 
     def _event(self, kind: str, data: dict):
         data = {"job": self.job, **data}
-        self.events.emit(kind, data)
+        if kind in AGENT_KINDS:
+            self.events.emit(kind, data)
         self.history.append({"ts": time.time(), "kind": kind, **data})
 
     # -- serving ---------------------------------------------------------------------------
