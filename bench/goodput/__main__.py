@@ -6,11 +6,14 @@
 * ``torchrun``   -- ``torchrun --max-restarts`` with a DCP checkpoint every K steps, K from the
   Young/Daly interval sqrt(2 * delta * MTBF) with delta the checkpoint cost measured first, with
   the same failures;
-* ``torchft``    -- torchft 0.2.0 (``requirements/bench-goodput.txt``, installed by this command
-  with ``--torchft``): one replica group per process, a lighthouse, the same failures; a killed
-  group is restarted and heals from its peers.
+* ``torchft``    -- torchft 0.2.0 (pinned in ``requirements-torchft.txt``; this command installs
+  it into ``var/bench-torchft``, a venv that uses ``.venv``'s torch): the same model written for
+  torchft (``train_torchft.py``), one replica group per process, a lighthouse, the same
+  failures; a killed group is restarted by its torchrun and heals from its peers.
 
-Goodput is the failure-free wall time over the variant's wall time for the same number of steps.
+Goodput is the failure-free training time over the variant's training time for the same number
+of steps (training time: from the first ``STEP`` line to the last step, so the variants' start-up
+and exit, which no failure changes, do not count); wall times are reported beside it.
 One command: ``python -m bench.goodput`` (``--help`` for the knobs); results go to
 ``bench/goodput/results.json`` and are printed as a table with the date, machine and load.
 """
@@ -76,6 +79,11 @@ class Run:
             elif len(parts) == 2 and parts[0] == "DONE":
                 self.done_at = float(parts[1])
 
+    def train_s(self, steps: int) -> float:
+        """First STEP line to the last step (the STEP line of the final step, else DONE)."""
+        end = next((t for n, t in self.steps if n >= steps), None) or self.done_at or time.time()
+        return end - self.steps[0][1]
+
     def workers(self) -> list[int]:
         pids = []
         for pid in os.listdir("/proc"):
@@ -86,7 +94,7 @@ class Run:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if f"BENCH_RUN={self.marker}".encode() in env and b"RANK=" in env and b"train.py" in cmd \
+            if f"BENCH_RUN={self.marker}".encode() in env and b"\0RANK=" in b"\0" + env and b"/train" in cmd \
                     and b"lockstep.runtime.spare" not in cmd:
                 pids.append(int(pid))
         return pids
@@ -141,8 +149,7 @@ def run_plain(a, tmp: Path) -> dict:
     run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
                *job_args(a, tmp / "plain.pt")])
     assert run.wait() == 0, "".join(run.log[-40:])
-    return {"wall_s": time.time() - run.t_start, "train_s": run.done_at - run.steps[0][1],
-            "step_s": run.step_time()}
+    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time()}
 
 
 def run_lockstep(a, tmp: Path, failures: bool, rng) -> dict:
@@ -155,7 +162,7 @@ def run_lockstep(a, tmp: Path, failures: bool, rng) -> dict:
     if failures:
         threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
     code = run.wait()
-    res = {"wall_s": time.time() - run.t_start, "train_s": (run.done_at or time.time()) - run.steps[0][1],
+    res = {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps),
            "step_s": run.step_time(), "exit": code, "failures": len(kills)}
     hist = json.loads((state / "jobs" / name / "state.json").read_text())["history"]
     rec = [h["failure_to_resumed_s"] for h in hist if h["kind"] == "job.migration_finished" and "failure_to_resumed_s" in h]
@@ -184,8 +191,36 @@ def run_torchrun_dcp(a, tmp: Path, step_s: float, rng) -> dict:
     kills: list[float] = []
     threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
     code = run.wait()
-    return {"wall_s": time.time() - run.t_start, "exit": code, "failures": len(kills), "ckpt_every": k,
-            "ckpt_cost_s": delta, "young_interval_s": tau}
+    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "exit": code,
+            "failures": len(kills), "ckpt_every": k, "ckpt_cost_s": delta, "young_interval_s": tau}
+
+
+TORCHFT_VENV = ROOT / "var" / "bench-torchft"
+
+
+def torchft_python() -> Path:
+    """var/bench-torchft: a venv that sees .venv's packages (torch is not reinstalled) with the
+    pinned torchft on top."""
+    py = TORCHFT_VENV / "bin" / "python"
+    if not py.exists():
+        import site
+
+        subprocess.run([sys.executable, "-m", "venv", str(TORCHFT_VENV)], check=True)
+        pth = next((TORCHFT_VENV / "lib").glob("python3*/site-packages")) / "lockstep-venv.pth"
+        pth.write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r",
+                    str(HERE / "requirements-torchft.txt")], check=True)
+    return py
+
+
+def run_torchft(a, tmp: Path, rng) -> dict:
+    run = Run([str(torchft_python()), str(HERE / "torchft_job.py"), str(tmp / "tf.pt"), "--steps", str(a.steps),
+               "--width", str(a.width), "--batch", str(a.batch)], {"RUST_LOG": "warn"})
+    kills: list[float] = []
+    threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
+    code = run.wait()
+    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time(),
+            "exit": code, "failures": len(kills)}
 
 
 def main(argv=None):
@@ -195,7 +230,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mtbf-s", type=float, default=180.0, help="seconds between injected failures (default 180)")
     ap.add_argument("--spares", type=int, default=20)
-    ap.add_argument("--variants", default="plain,lockstep-free,lockstep,torchrun")
+    ap.add_argument("--variants", default="plain,lockstep-free,lockstep,torchrun,torchft")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results.json"))
     a = ap.parse_args(argv)
@@ -207,7 +242,7 @@ def main(argv=None):
     print(f"goodput bench: {a.steps} steps, width {a.width}, a failure every {a.mtbf_s:.0f} s; load {results['load_before']}")
     plain = run_plain(a, tmp)
     results["variants"]["plain"] = plain
-    print(f"  plain torchrun, no failure: {plain['wall_s']:.1f} s ({plain['step_s'] * 1000:.2f} ms/step)")
+    print(f"  plain torchrun, no failure: train {plain['train_s']:.1f} s ({plain['step_s'] * 1000:.2f} ms/step)")
     if "lockstep-free" in variants:
         free = run_lockstep(a, tmp, False, rng)
         free["overhead"] = free["step_s"] / plain["step_s"] - 1
@@ -216,17 +251,23 @@ def main(argv=None):
               f"overhead {free['overhead'] * 100:+.1f}%)")
     if "lockstep" in variants:
         ls = run_lockstep(a, tmp, True, rng)
-        ls["goodput"] = plain["wall_s"] / ls["wall_s"]
+        ls["goodput"] = plain["train_s"] / ls["train_s"]
         results["variants"]["lockstep"] = ls
-        print(f"  lockstep, {ls['failures']} failures: {ls['wall_s']:.1f} s, goodput {ls['goodput'] * 100:.1f}%, "
+        print(f"  lockstep, {ls['failures']} failures (exit {ls['exit']}): train {ls['train_s']:.1f} s, goodput {ls['goodput'] * 100:.1f}%, "
               f"failure->resumed {', '.join(f'{r:.2f}' for r in ls['resume_s'])} s")
     if "torchrun" in variants:
         tr = run_torchrun_dcp(a, tmp, plain["step_s"], rng)
-        tr["goodput"] = plain["wall_s"] / tr["wall_s"]
+        tr["goodput"] = plain["train_s"] / tr["train_s"]
         results["variants"]["torchrun-dcp"] = tr
         print(f"  torchrun --max-restarts + DCP every {tr['ckpt_every']} steps (Young: sqrt(2 x {tr['ckpt_cost_s']:.3f} s"
               f" x {a.mtbf_s:.0f} s) = {tr['young_interval_s']:.1f} s), {tr['failures']} failures: {tr['wall_s']:.1f} s, "
               f"goodput {tr['goodput'] * 100:.1f}%")
+    if "torchft" in variants:
+        tf = run_torchft(a, tmp, rng)
+        tf["goodput"] = plain["train_s"] / tf["train_s"]
+        results["variants"]["torchft"] = tf
+        print(f"  torchft 0.2.0, {tf['failures']} failures (exit {tf['exit']}): train {tf['train_s']:.1f} s "
+              f"({tf['step_s'] * 1000:.2f} ms/step), goodput {tf['goodput'] * 100:.1f}%")
     results["load_after"] = load()
     Path(a.out).write_text(json.dumps(results, indent=1))
     print(f"  load after: {results['load_after']}; results in {a.out}")

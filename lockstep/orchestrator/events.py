@@ -19,6 +19,8 @@ import socket
 import time
 
 DEFAULT_SOCKET = "/run/lockstep/agent.sock"
+# The kinds the console registers (docs/agent-protocol.md); the journal keeps others (job.failed).
+AGENT_KINDS = frozenset({"job.heartbeat", "job.rank_lost", "job.migration_started", "job.migration_finished"})
 MAX_LINE = 64 * 1024
 
 

@@ -36,6 +36,7 @@ from lockstep.orchestrator import jobdir, launchspec
 from lockstep.runtime import smallstate
 
 HEARTBEAT_S = 0.3
+FORWARD_POLL_S = float(os.environ.get("LOCKSTEP_FORWARD_POLL_S", "0.002"))
 
 
 def _pdeathsig():
@@ -273,6 +274,36 @@ class NodeSupervisor:
                     self._drop()
             time.sleep(0.1)
 
+    def _forward_state(self):
+        """Copies of this node's ranks' small state, off the node, as they are written: a rank of
+        a lost node is replaced from them (the leader's own ranks need none: the job cannot
+        outlive the leader node, which holds its store and orchestrator)."""
+        watchers: dict[tuple[int, str], smallstate.SlotWatcher] = {}
+        records_size: dict[int, int] = {}
+        while not self.done:
+            time.sleep(FORWARD_POLL_S)
+            if self.orch_sock is None:
+                continue
+            for proc in list(self.procs.values()):
+                paths = smallstate.rank_paths(self.node_dir, proc.rank)
+                for kind in smallstate.KINDS:
+                    w = watchers.get((proc.rank, kind))
+                    if w is None:
+                        w = watchers[(proc.rank, kind)] = smallstate.SlotWatcher(paths[kind])
+                    got = w.poll()
+                    if got is not None:
+                        self.send({"op": "replica", "rank": proc.rank, "kind": kind,
+                                   "slot": [got[0], base64.b64encode(got[1]).decode()]})
+                try:
+                    size = os.path.getsize(paths["records"])
+                except FileNotFoundError:
+                    continue
+                if size != records_size.get(proc.rank):
+                    records_size[proc.rank] = size
+                    records = [[meta, base64.b64encode(blob).decode()]
+                               for meta, blob in smallstate.read_records(paths["records"])]
+                    self.send({"op": "replica", "rank": proc.rank, "kind": "records", "records": records})
+
     def _spares_left(self) -> int:
         return max(0, self.spares_budget - self.spares_used)
 
@@ -303,10 +334,9 @@ class NodeSupervisor:
             state = smallstate.read_rank_state(self.node_dir, rank)
             src = {kind: ([state[kind][0], base64.b64encode(state[kind][1]).decode()] if state[kind] else None)
                    for kind in smallstate.KINDS}
-            # The RNG bundle of an iterator that has ended is no longer needed, only its length.
-            ended = {(m["loader"], m["index"]) for m, _ in state["records"] if m["ev"] == "end"}
-            src["records"] = [[meta, "" if (meta["loader"], meta["index"]) in ended else base64.b64encode(blob).decode()]
-                              for meta, blob in state["records"]]
+            # Every iterator's RNG bundle, an ended one's too: the boundary a replacement resumes
+            # at may predate the end (the rank died between the end and its next step).
+            src["records"] = [[meta, base64.b64encode(blob).decode()] for meta, blob in state["records"]]
             self.send({"op": "state", "req": req, "rank": rank, "source": src})
         elif op == "expect_exit":
             proc = self.procs.get(int(msg["rank"]))
@@ -315,9 +345,12 @@ class NodeSupervisor:
             self.send({"op": "ack", "req": req})
         elif op == "kill":
             proc = self.procs.get(int(msg["rank"]))
-            if proc is not None and proc.popen.poll() is None:
+            if proc is not None and proc.popen.poll() is None and msg.get("incarnation") in (None, proc.incarnation):
+                proc.expected_exit = True
                 with contextlib.suppress(ProcessLookupError):
                     proc.popen.send_signal(int(msg.get("signal", signal.SIGKILL)))
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(5)  # dead before the ack: it writes no more state
             self.send({"op": "ack", "req": req})
         elif op == "terminate":
             self.log(f"terminating this node's workers: {msg.get('message', '')}")
@@ -347,6 +380,8 @@ class NodeSupervisor:
             self.base_env.pop("LOCKSTEP_JOB_TOKEN", None)
         self.node_dir = self._node_dir()
         threading.Thread(target=self._connect_loop, daemon=True).start()
+        if self.spec.nnodes > 1 and self.node_rank != 0:
+            threading.Thread(target=self._forward_state, daemon=True).start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda s, f: self.events.put(("signal", s)))
         if join is None:

@@ -11,6 +11,14 @@ harmless: the ranks report the same progress). Training never waits on the orche
 it is down the job runs, and a failure in that window is handled once it is back (the
 supervisors keep the dead rank's exit and shared-memory state until then).
 
+Losses it handles: a rank killed (its supervisor's ``waitpid``), several at once, a loss while
+a recovery is under way (the recovery starts over with every rank lost so far and retires the
+replacements it had started; spares permitting), and a whole node: a supervisor silent for
+``LOCKSTEP_NODE_TIMEOUT_S`` (1.5 s; on this host, silent with its connection closed) loses
+all its ranks, which are replaced from the copies of their small state the supervisors of
+non-leader nodes forward here as the ranks write it. The leader node's loss ends the job (it
+holds the store and this process), as the loss of torchrun's rendezvous host would.
+
 Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
 the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,
 ``hold``/``release``; the command registry ``COMMANDS`` is where ``snapshot``/``restore`` plug in).
@@ -32,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 
 from lockstep.orchestrator import core, jobdir
-from lockstep.orchestrator.events import AgentEvents
+from lockstep.orchestrator.events import AGENT_KINDS, AgentEvents
 
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
@@ -126,6 +134,9 @@ class Orchestrator:
         self._task: asyncio.Task | None = None  # the recovery or migration under way
         self._task_kind = None
         self._lost_queue: set[int] = set()
+        # Copies of the small state of ranks on nodes other than the leader, as their supervisors
+        # forward them (``read_state``'s format): what replaces a rank whose whole node is lost.
+        self.replicas: dict[int, dict] = {}
         self._done = asyncio.Event()
         self.exit_code = 0
         self.failure: str | None = None
@@ -166,7 +177,8 @@ class Orchestrator:
 
     def _event(self, kind: str, data: dict):
         data = {"job": self.job, **data}
-        self.events.emit(kind, data)
+        if kind in AGENT_KINDS:
+            self.events.emit(kind, data)
         self.history.append({"ts": time.time(), "kind": kind, **data})
 
     # -- serving ---------------------------------------------------------------------------
@@ -205,11 +217,13 @@ class Orchestrator:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            # Only other hosts' silence means a lost node: on this host a dead supervisor closes
-            # its connection, and a busy machine must not be mistaken for a dead one.
+            # A node is lost when its supervisor is silent: on another host, for any reason; on
+            # this one, only once its connection has closed too (a dead process closes it, while
+            # a busy machine must not be mistaken for a dead one).
             me = socket.gethostname()
-            remote = {k: v.last_seen for k, v in self.nodes.items() if v.alive and v.host != me}
-            for n in core.lost_nodes(remote, now, NODE_TIMEOUT_S):
+            watched = {k: v.last_seen for k, v in self.nodes.items()
+                       if v.alive and (v.host != me or v.conn is None or v.conn.closed)}
+            for n in core.lost_nodes(watched, now, NODE_TIMEOUT_S):
                 self._node_lost(n, f"node {n}'s supervisor silent for {NODE_TIMEOUT_S:.1f} s")
             for node in self.nodes.values():
                 if node.conn is not None:
@@ -359,6 +373,12 @@ class Orchestrator:
             return
         if op == "exited":
             self._rank_exited(node, msg)
+        elif op == "replica":
+            copy = self.replicas.setdefault(int(msg["rank"]), {kind: None for kind in ("post", "mid", "pre")} | {"records": []})
+            if msg["kind"] == "records":
+                copy["records"] = msg["records"]
+            else:
+                copy[msg["kind"]] = msg["slot"]
 
     # -- node requests ---------------------------------------------------------------------
 
@@ -467,7 +487,7 @@ class Orchestrator:
         while not predicate():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise core.Unrecoverable(f"timed out after {timeout:.0f} s waiting for {what}")
+                raise core.Unrecoverable(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}")
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
@@ -508,6 +528,10 @@ class Orchestrator:
             s.status = "recovering"
             s.events["freeze"] = {"op": "freeze", "generation": old_gen, "lost": lost}
             self.send_rank(s.rank, s.events["freeze"])
+        # A recovery started over: the replacements the interrupted one started must not join a
+        # group, nor write the rank's state while it is read.
+        for r in lost:
+            await self._retire_replacement(r)
         # The lost ranks' small state, from the shared memory of their nodes.
         sources = {}
         for r in lost:
@@ -530,10 +554,12 @@ class Orchestrator:
                                     "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
         for r in lost:
             self._update_plan(r, {"live_after": plan.live_after, "donors": plan.donors[r], "generation": gen,
-                                  "resume_at": plan.resume_at[r]})
+                                  "resume_at": plan.resume_at[r], "rerun_from_seq": plan.rerun_from_seq})
         await self.wait_until(
             lambda: all("rebuilt" in s.events for s in survivors) and all("resumed" in self.ranks[r].events for r in lost),
-            "the group to re-form")
+            lambda: "the group to re-form (not rebuilt: ranks {}; not resumed: ranks {})".format(
+                [s.rank for s in survivors if "rebuilt" not in s.events],
+                [r for r in lost if "resumed" not in self.ranks[r].events]))
         self.generation = gen
         resumed = time.monotonic() - t0
         for s in survivors:
@@ -558,12 +584,19 @@ class Orchestrator:
         info = self.ranks[rank]
         node = self.nodes.get(info.node) if info.node is not None else None
         if node is None or not node.alive or node.conn is None:
-            src = info.events.get("offnode_source")
+            src = self.replicas.get(rank)
             if src is None:
                 raise core.Unrecoverable(f"rank {rank}'s node is gone and no copy of its per-rank state left it")
             return src
         msg = await self.node_request(info.node, {"op": "read_state", "rank": rank})
         return msg["source"]
+
+    async def _retire_replacement(self, rank: int):
+        info = self.ranks[rank]
+        stale = info.events.get("expected_incarnation")
+        node = self.nodes.get(info.node) if info.node is not None else None
+        if stale and node is not None and node.alive and node.conn is not None:
+            await self.node_request(info.node, {"op": "kill", "rank": rank, "incarnation": stale})
 
     async def _start_replacement(self, rank: int, gen: int, source: dict, resume_at: int | None,
                                  ff_limit: int | None = None):
@@ -664,7 +697,8 @@ class Orchestrator:
                 s.conn.send({"op": "rebuild", "generation": gen,
                              "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
             self._update_plan(rank, {"source": source, "resume_at": boundary, "generation": gen,
-                                     "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank]})
+                                     "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank],
+                                     "rerun_from_seq": plan.rerun_from_seq})
             await self.wait_until(lambda: "resumed" in replacement.events and all("rebuilt" in s.events for s in others),
                                   "the group to re-form")
             paused = time.monotonic()

@@ -129,6 +129,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._gen: _Generation | None = None
         self._broken = False
         self._next_seq = 1
+        self._resume_seq: int | None = None  # a replacement's first live op takes this number
         self._interval = -1
         self._index = 0
         self._inflight: collections.deque[_Op] = collections.deque()
@@ -206,10 +207,14 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 self.interval_log = {}
             op.key = (interval, self._index)
             self._index += 1
-            op.seq = self._next_seq
-            self._next_seq += 1
             if rt.replaying:
                 decision = rt.replay_decision(self.group_id, op.key, grad)
+            if decision == "live" and self._resume_seq is not None:
+                # A replacement's numbering joins the group's: its first live op is the one the
+                # slowest survivor runs next, so a later recovery compares like with like.
+                self._next_seq, self._resume_seq = self._resume_seq, None
+            op.seq = self._next_seq
+            self._next_seq += 1
             if decision == "live":
                 if self._broken or self._gen is None:
                     self._queued.append(op)
@@ -382,10 +387,17 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 self._inflight.append(op)
                 self._launch(op, self._gen)
 
-    def join_live(self, generation: int):
-        """A replacement's first live generation (it has no history to re-run)."""
+    def join_live(self, generation: int, live_after: Key | None = None, resume_seq: int | None = None):
+        """A replacement's first live generation (it has no history to re-run). ``live_after``
+        and ``resume_seq``: the last op every survivor completed and the group's sequence number
+        of the op after it, which this rank's next live op takes."""
         with self._lock:
             self._target = generation
+            if resume_seq is not None:
+                self._resume_seq = resume_seq
+                self.done_seq = resume_seq - 1
+                self.done_key = live_after
+                self._last_done = None
         self._adopt(generation, self._factory(generation), replacement=True)
 
     def fail(self, message: str):

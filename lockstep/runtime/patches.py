@@ -16,6 +16,7 @@ script runs. Each one is the narrowest public or semi-public seam that sees what
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from datetime import timedelta
@@ -48,7 +49,13 @@ def _inner_backend_for(requested) -> str:
 
 def _backend_factory(store, rank, size, timeout, inner_name, group_id):
     def build(generation: int):
-        gstore = dist.PrefixStore(f"lockstep/{group_id}/gen{generation}/", store)
+        base = store
+        if generation:
+            # A connection of its own: a superseded generation's build may still be blocked in
+            # the store waiting for a member that died, and a store client serves one call at a time.
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                base = store.clone()
+        gstore = dist.PrefixStore(f"lockstep/{group_id}/gen{generation}/", base)
         if inner_name == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout

@@ -68,6 +68,7 @@ class Plan:
         self.generation: int | None = None
         self.donors: list[str] = []
         self.live_after: dict | None = None
+        self.rerun_from_seq: dict[str, int] = {}
         self.ff_limit: int | None = None
         self.source: dict = {}
         self.records: list[tuple[dict, bytes]] = []
@@ -90,6 +91,8 @@ class Plan:
                 self.donors = list(msg["donors"])
             if "live_after" in msg and msg["live_after"] is not None:
                 self.live_after = {g: (tuple(k) if k is not None else None) for g, k in msg["live_after"].items()}
+            if msg.get("rerun_from_seq"):
+                self.rerun_from_seq = {g: int(n) for g, n in msg["rerun_from_seq"].items()}
             if "ff_limit" in msg:
                 self.ff_limit = msg["ff_limit"]
             if msg.get("source"):
@@ -242,8 +245,8 @@ class Plan:
             self._fetch_logs(self.resume_at)
         else:
             rt.note_inexact(f"no survivor was still at step {self.resume_at}; the replayed step is re-synced")
-        for pg in rt.groups.values():
-            pg.join_live(self.generation)
+        for gid, pg in rt.groups.items():
+            pg.join_live(self.generation, self.live_after.get(gid), self.rerun_from_seq.get(gid))
         rt.side_effects.restore()
         rt.live_after = dict(self.live_after)
         rt.tainted = not exact

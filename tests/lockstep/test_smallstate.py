@@ -74,3 +74,19 @@ def test_a_gaussian_cached_by_numpy_is_captured():
     np.random.seed(0)
     tracker.restore(fields)
     assert np.random.randn() == nxt
+
+
+def test_the_watcher_reports_each_new_slot_once_and_follows_the_file_growing(tmp_path):
+    path = str(tmp_path / "rank2.post")
+    watcher = smallstate.SlotWatcher(path)
+    assert watcher.poll() is None  # not written yet
+    w = smallstate.SlotWriter(path, capacity=64)
+    assert watcher.poll() is None  # created, nothing complete in it
+    w.write(7, smallstate.encode({"a": b"7"}))
+    step, payload = watcher.poll()
+    assert step == 7 and smallstate.decode(payload) == {"a": b"7"}
+    assert watcher.poll() is None
+    w.write(8, smallstate.encode({"a": b"x" * 500}))  # larger than the slot: the file grows
+    step, payload = watcher.poll()
+    assert step == 8 and smallstate.decode(payload) == {"a": b"x" * 500}
+    watcher.close()

@@ -1,0 +1,100 @@
+"""The loss of a whole node: two ``lockstep run`` processes on this machine make a two-node job
+(2 ranks each, gloo); node 1's supervisor is killed with ``kill -9`` (its workers and warm spare
+die with it, as on a node that loses power). The leader notices the node's silence, replaces
+both ranks on its own spares from the copies of their small state that node 1 forwarded, and
+the job finishes bitwise equal to a failure-free run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from tests.lockstep.lockstep_helpers import (
+    BIN,
+    SCRIPTS,
+    Job,
+    assert_bitwise_equal,
+    free_port,
+    load,
+    reference,
+)
+
+pytestmark = pytest.mark.slow
+
+SCRIPT, ARGS = "mlp_sampler.py", ["20"]
+
+
+class TwoNodeJob(Job):
+    """``lockstep run -- torchrun --nnodes 2 --node-rank N --nproc-per-node 2 ...`` twice."""
+
+    def __init__(self, tmp, script, args, *, spares: int):  # noqa: D107 (no Job.__init__: two processes)
+        self.name = f"t{os.getpid()}-{random.randrange(1 << 30):x}"
+        self.out = tmp / f"{self.name}.pt"
+        self.state_dir = tmp / "state"
+        self.env = dict(os.environ, LOCKSTEP_STATE_DIR=str(self.state_dir), PYTHONUNBUFFERED="1")
+        self.env.pop("LOCKSTEP_FAULT", None)
+        port = free_port()
+        self.nodes = []
+        self.lines: list[str] = []
+        for node in (0, 1):
+            cmd = [str(BIN / "lockstep"), "run", "--job", self.name, "--spares", str(spares), "--",
+                   "torchrun", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), str(SCRIPTS / script), str(self.out), *args]
+            proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            threading.Thread(target=self._read_from, args=(proc, node), daemon=True).start()
+            self.nodes.append(proc)
+        self.proc = self.nodes[0]
+
+    def _read_from(self, proc, node):
+        for line in proc.stdout:
+            self.lines.append(f"[node {node}] {line}")
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not finish in {timeout} s:\n{self.output[-3000:]}") from None
+
+    def close(self):
+        for proc in self.nodes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    jobs = []
+
+    def make(*args, **kwargs):
+        job = TwoNodeJob(tmp_path, *args, **kwargs)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def test_a_lost_node_has_all_its_ranks_replaced_on_spares_bitwise(two_nodes, tmp_path_factory):
+    expected = reference(tmp_path_factory.getbasetemp(), SCRIPT, ARGS)
+    job = two_nodes(SCRIPT, ARGS, spares=2)
+    st = job.wait_step(random.randrange(10, 80))
+    assert {r["rank"]: r["node"] for r in st["ranks"]} == {0: 0, 1: 0, 2: 1, 3: 1}
+    job.nodes[1].send_signal(signal.SIGKILL)
+    assert job.wait() == 0, job.output[-4000:]
+    assert_bitwise_equal(load(job.out), expected)
+    history = json.loads((job.state_dir / "jobs" / job.name / "state.json").read_text())["history"]
+    lost = [h for h in history if h["kind"] == "job.rank_lost"]
+    assert {h["rank"] for h in lost} == {2, 3} and all("node 1" in h["cause"] for h in lost)
+    recovered = [h for h in history if h["kind"] == "job.migration_finished"]
+    assert {h["rank"] for h in recovered} == {2, 3} and all(h["to_node"] == 0 for h in recovered)
