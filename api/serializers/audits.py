@@ -4,7 +4,7 @@ from collections import Counter
 
 from rest_framework import serializers
 
-from console.audits.models import AuditFinding, AuditNode, AuditRun, AuditSchedule, NodeOutcome
+from console.audits.models import AuditFinding, AuditNode, AuditRun, AuditSchedule, NodeOutcome, Verdict
 
 
 class AuditStartSerializer(serializers.Serializer):
@@ -37,6 +37,8 @@ class AuditFindingSerializer(serializers.ModelSerializer):
 class AuditRunSerializer(serializers.ModelSerializer):
     progress = serializers.SerializerMethodField(help_text="Nodes by outcome so far.")
     culprits = serializers.SerializerMethodField(help_text="The elements the audit names, with why.")
+    verdict = serializers.ChoiceField(choices=Verdict.choices, allow_blank=True, read_only=True,
+                                      help_text="Empty until the audit has finished.")
 
     class Meta:
         model = AuditRun

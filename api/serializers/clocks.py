@@ -12,7 +12,7 @@ class ClockSyncSerializer(serializers.ModelSerializer):
     peers = serializers.IntegerField(min_value=2, max_value=16, default=4)
     rate_hz = serializers.FloatField(min_value=1.0, max_value=2000.0, default=200.0)
     window_s = serializers.FloatField(min_value=0.5, max_value=30.0, default=2.0)
-    reference_name = serializers.CharField(source="reference.name", read_only=True, default=None)
+    reference_name = serializers.CharField(source="reference.name", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = ClockSync
