@@ -30,9 +30,8 @@ from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
 from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
 from console.fleet import services as fleet
 from console.telemetry import services as telemetry_store
+from console.telemetry.fairshare import FairShare, Shares
 
-ENROLL_MAX_BYTES = 64 * 1024
-HEARTBEAT_MAX_BYTES = 64 * 1024
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
 HEARTBEAT_MAX_ACTIVITIES = 64
 # Telemetry yields to control: a flood of batches waits here, on the event loop, instead of taking
@@ -41,6 +40,14 @@ HEARTBEAT_MAX_ACTIVITIES = 64
 # disk, so a slower or refused answer loses nothing.
 TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
 TELEMETRY_RETRY_AFTER_S = 10
+# Before a batch waits for a turn, its node and organization must be within their shares: one node
+# (or one organization) flooding is refused at once, and the others keep their turns.
+TELEMETRY_SHARES = FairShare(Shares(
+    node_inflight=settings.LOCKSTEP["TELEMETRY_NODE_CONCURRENCY"],
+    org_inflight=settings.LOCKSTEP["TELEMETRY_ORG_CONCURRENCY"],
+    node_bytes_per_s=settings.LOCKSTEP["TELEMETRY_NODE_BYTES_PER_S"],
+    node_burst_bytes=settings.LOCKSTEP["TELEMETRY_NODE_BURST_BYTES"],
+))
 
 
 def agent_endpoint(*methods: str):
@@ -112,9 +119,12 @@ def in_organization_of(node, fn, *args):
 
 @agent_endpoint("POST")
 async def enroll(request):
-    payload = read_json(request, ENROLL_MAX_BYTES)
+    payload = read_json(request, settings.LOCKSTEP["AGENT_BODY_MAX_BYTES"])
     # The token names the organization: the service looks it up, then works in that organization.
-    result = await run_db(fleet.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"))
+    # A re-enrolling agent proves it holds the node's current credential (Authorization: Bearer lsn_...).
+    scheme, _, current = request.headers.get("Authorization", "").partition(" ")
+    result = await run_db(fleet.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"),
+                          current.strip() if scheme == "Bearer" else "")
     node, limits = result.node, settings.LOCKSTEP
     return JsonResponse(
         {
@@ -133,7 +143,7 @@ async def enroll(request):
 
 
 def _store_heartbeat(node, request):
-    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
+    payload = read_json(request, settings.LOCKSTEP["AGENT_BODY_MAX_BYTES"], required=False)
     status = {key: payload[key] for key in HEARTBEAT_FIELDS
               if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
     activities = payload.get("activities")  # the agent's activity health (the body is bounded above)
@@ -241,18 +251,32 @@ def _ingest(node, request):
 def _reject_reason(exc: DomainError) -> str:
     if isinstance(exc, telemetry_store.BatchInvalid):
         return exc.reason
-    return {"batch_too_large": "too_large", "busy": "busy", "invalid": "invalid"}.get(exc.code, "unauthenticated")
+    return {"batch_too_large": "too_large", "busy": "busy", "over_share": "over_share",
+            "invalid": "invalid"}.get(exc.code, "unauthenticated")
+
+
+async def _store_within_shares(request):
+    node = await authenticate(request)
+    wait = TELEMETRY_SHARES.admit(node.pk, node.organization_id, len(request.body), asyncio.get_running_loop().time())
+    if wait:
+        exc = Busy("This node or its organization is over its share of telemetry storage; keep this batch and "
+                   "send it again later.", retry_after_s=max(1, math.ceil(wait)), code="over_share")
+        exc.organization_id = node.organization_id
+        raise exc
+    try:
+        async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
+            return await run_db(in_organization_of, node, _ingest, node, request)
+    except NoSlot:
+        raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
+                   retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
+    finally:
+        TELEMETRY_SHARES.release(node.pk, node.organization_id)
 
 
 @agent_endpoint("POST")
 async def telemetry(request):
     try:
-        try:
-            async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
-                result = await authenticate(request, _ingest, request)
-        except NoSlot:
-            raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
-                       retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
+        result = await _store_within_shares(request)
     except DomainError as exc:
         TELEMETRY_REJECTS.labels(str(getattr(exc, "organization_id", "")), _reject_reason(exc)).inc()
         raise

@@ -33,7 +33,7 @@ from api.serializers.fleet import (
 from api.viewsets import ScopedModelViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 from console.commands import services as commands
 from console.fleet import services
-from console.fleet.install_command import install_command
+from console.fleet.install_command import install_command, install_command_token_file
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.paths import ecmp_paths
 from console.fleet.status import cluster_status
@@ -113,7 +113,8 @@ class ClusterViewSet(ScopedModelViewSet):
             max_uses=data.get("max_uses", services.ENROLLMENT_TOKEN_MAX_USES),
         )
         minted.token.token = minted.plaintext
-        minted.token.install_command = install_command(request, minted.plaintext)
+        minted.token.install_command = install_command(request)
+        minted.token.install_command_token_file = install_command_token_file(request)
         return Response(EnrollmentTokenCreatedSerializer(minted.token).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -175,6 +176,13 @@ class NodeViewSet(ScopedReadOnlyViewSet):
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None):
         return self._transition(request, services.retire)
+
+    @extend_schema(request=None, responses={200: NodeSerializer},
+                   description="Revoke the node's credential: its agent stops, and an enrollment token may "
+                               "enroll the node again (a token alone never replaces an active credential).")
+    @action(detail=True, methods=["post"], url_path="reset-credential")
+    def reset_credential(self, request, pk=None):
+        return self._transition(request, services.reset_credentials)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
     @action(detail=True, methods=["get"])

@@ -65,7 +65,9 @@ class Result:
 
 
 def run(argv: list[str], timeout: float = 240, env: dict | None = None, input: str | None = None) -> Result:
+    # A session of its own: no controlling terminal, so the installer never stops to ask for a token.
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, input=input,
+                          start_new_session=True,
                           env=env if env is not None else {"PATH": CLEAN_PATH, "LANG": "C.UTF-8"})
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
