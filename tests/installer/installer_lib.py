@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -275,3 +276,17 @@ def wait_gone(pids, timeout: float = 20) -> None:
 
 def repo_file(*parts: str) -> Path:
     return ROOT.joinpath(*parts)
+
+
+_TOKENS = Path(tempfile.mkdtemp(prefix="lsi-tokens-"))
+
+
+def token_file(token: str) -> tuple[str, str]:
+    """`--token-file PATH` for a file (0600) that holds the token, as an operator's would: the
+    installer refuses a token in its command line."""
+    handle, path = tempfile.mkstemp(dir=_TOKENS, prefix="token-")
+    with os.fdopen(handle, "w") as fh:
+        fh.write(token + "\n")
+    os.chmod(_TOKENS, 0o755)  # the node namespace's root reads it; the file itself stays 0600
+    return ("--token-file", path)
+
