@@ -30,7 +30,7 @@ from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
 from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
 from console.fleet import services as fleet
 from console.telemetry import services as telemetry_store
-from console.telemetry.fairshare import FairShare, Shares
+from console.telemetry.shares import OVER_SHARE_DETAIL, TELEMETRY_SHARES, credential_key
 
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
 HEARTBEAT_MAX_ACTIVITIES = 64
@@ -40,14 +40,9 @@ HEARTBEAT_MAX_ACTIVITIES = 64
 # disk, so a slower or refused answer loses nothing.
 TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
 TELEMETRY_RETRY_AFTER_S = 10
-# Before a batch waits for a turn, its node and organization must be within their shares: one node
-# (or one organization) flooding is refused at once, and the others keep their turns.
-TELEMETRY_SHARES = FairShare(Shares(
-    node_inflight=settings.LOCKSTEP["TELEMETRY_NODE_CONCURRENCY"],
-    org_inflight=settings.LOCKSTEP["TELEMETRY_ORG_CONCURRENCY"],
-    node_bytes_per_s=settings.LOCKSTEP["TELEMETRY_NODE_BYTES_PER_S"],
-    node_burst_bytes=settings.LOCKSTEP["TELEMETRY_NODE_BURST_BYTES"],
-))
+# Before a batch waits for a turn, its node and organization must be within their shares
+# (console/telemetry/shares.py): one node (or one organization) flooding is refused at once, and
+# the others keep their turns.
 
 
 def agent_endpoint(*methods: str):
@@ -257,10 +252,10 @@ def _reject_reason(exc: DomainError) -> str:
 
 async def _store_within_shares(request):
     node = await authenticate(request)
-    wait = TELEMETRY_SHARES.admit(node.pk, node.organization_id, len(request.body), asyncio.get_running_loop().time())
+    wait = TELEMETRY_SHARES.admit(node.pk, node.organization_id, len(request.body), asyncio.get_running_loop().time(),
+                                  key=credential_key(request.headers.get("Authorization", "")))
     if wait:
-        exc = Busy("This node or its organization is over its share of telemetry storage; keep this batch and "
-                   "send it again later.", retry_after_s=max(1, math.ceil(wait)), code="over_share")
+        exc = Busy(OVER_SHARE_DETAIL, retry_after_s=max(1, math.ceil(wait)), code="over_share")
         exc.organization_id = node.organization_id
         raise exc
     try:

@@ -53,11 +53,15 @@ class FairShare:
     shares: Shares
     _nodes: dict[int, _Bucket] = field(default_factory=dict)
     _orgs: dict[int, int] = field(default_factory=dict)
+    _keys: dict[str, int] = field(default_factory=dict)  # credential key -> node, learned when admitted
 
-    def admit(self, node_id: int, org_id: int, size: int, now: float) -> float:
+    def admit(self, node_id: int, org_id: int, size: int, now: float, key: str = "") -> float:
         """0.0 when the batch may be stored now (then `release` it when done); otherwise the
-        seconds to wait before sending it again (nothing is taken)."""
+        seconds to wait before sending it again (nothing is taken). `key` (the credential's public
+        key part) lets `busy` recognise the node's next requests before they are read."""
         shares = self.shares
+        if key:
+            self._keys[key] = node_id
         bucket = self._nodes.get(node_id)
         if bucket is None:
             self._forget_idle(now)
@@ -85,6 +89,13 @@ class FairShare:
         else:
             self._orgs.pop(org_id, None)
 
+    def busy(self, key: str) -> bool:
+        """True when the node that `key` was admitted for has all its batches in flight: its next
+        one can be refused on its headers, before its body is read. (A stranger presenting the key
+        gains nothing: only an authenticated, admitted batch counts.)"""
+        bucket = self._nodes.get(self._keys.get(key, -1))
+        return bucket is not None and bucket.inflight >= self.shares.node_inflight
+
     def inflight(self, org_id: int) -> int:
         return self._orgs.get(org_id, 0)
 
@@ -96,3 +107,4 @@ class FairShare:
             refilled = bucket.level + (now - bucket.at) * shares.node_bytes_per_s
             if bucket.inflight == 0 and refilled >= shares.node_burst_bytes:
                 del self._nodes[node_id]
+        self._keys = {key: node for key, node in self._keys.items() if node in self._nodes}

@@ -58,3 +58,12 @@ def test_release_never_goes_below_zero_and_bad_shares_are_refused():
         Shares(node_inflight=0, org_inflight=1, node_bytes_per_s=1, node_burst_bytes=1)
     with pytest.raises(ValueError):
         Shares(node_inflight=1, org_inflight=1, node_bytes_per_s=0, node_burst_bytes=1)
+
+
+def test_a_node_with_all_its_batches_in_flight_is_recognised_by_its_credential_key():
+    fair = shares()
+    assert not fair.busy("lsn_AAAAAAAAAAAA")  # never admitted: not known, not refused early
+    assert fair.admit(1, 10, 100, now=0.0, key="lsn_AAAAAAAAAAAA") == 0.0
+    assert fair.busy("lsn_AAAAAAAAAAAA") and not fair.busy("lsn_BBBBBBBBBBBB")
+    fair.release(1, 10)
+    assert not fair.busy("lsn_AAAAAAAAAAAA")
