@@ -15,7 +15,6 @@ from console.agentdist.build import PackageUnavailable, current_packages
 from console.agentdist.installer import failing_script, render_install_script
 from console.fleet.install_command import console_url
 
-
 log = logging.getLogger(__name__)
 
 # What anonymous callers are told; why (file names, paths on the server) goes to the log only.

@@ -287,6 +287,5 @@ def token_file(token: str) -> tuple[str, str]:
     handle, path = tempfile.mkstemp(dir=_TOKENS, prefix="token-")
     with os.fdopen(handle, "w") as fh:
         fh.write(token + "\n")
-    os.chmod(_TOKENS, 0o755)  # the node namespace's root reads it; the file itself stays 0600
     return ("--token-file", path)
 

@@ -22,13 +22,13 @@ from console.fleet.install_command import TOKEN_FILE
 from console.fleet.models import Cluster, EnrollmentToken
 from tests.factories import make_enrollment_token
 from tests.installer.installer_lib import (
-    token_file,
     alive,
     files_containing,
     leftovers,
     pid_of,
     python_args,
     snapshot,
+    token_file,
     wait_gone,
 )
 from tests.integration.conftest import wait_until

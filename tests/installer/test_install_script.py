@@ -19,7 +19,6 @@ from console.agentdist.installer import INSTALL_DIR, render_install_script
 from tests.factories import make_enrollment_token
 from tests.installer.conftest import needs_root
 from tests.installer.installer_lib import (
-    token_file,
     CLEAN_PATH,
     Result,
     alive,
@@ -27,6 +26,7 @@ from tests.installer.installer_lib import (
     python_args,
     run,
     snapshot,
+    token_file,
     wait_gone,
 )
 from tests.integration.conftest import wait_until
