@@ -277,11 +277,10 @@ LOCKSTEP = {
     # a batch waits for its turn before it is answered 503 (the agent sends it again later).
     "TELEMETRY_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_CONCURRENCY", 2),
     "TELEMETRY_QUEUE_WAIT_S": env_int("LOCKSTEP_TELEMETRY_QUEUE_WAIT_S", 10),
-    # Fair shares (console/telemetry/fairshare.py): batches of one node, and of one organization,
-    # stored or waiting at once per console process; one node's sustained bytes per second and burst.
+    # Fair shares (console/telemetry/fairshare.py): batches of one node stored or waiting at once per
+    # console process, and one node's sustained bytes per second and burst. (Organizations take the
+    # turns in rotation: console.core.asyncdb.FairSlots.)
     "TELEMETRY_NODE_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_NODE_CONCURRENCY", 1),
-    "TELEMETRY_ORG_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_ORG_CONCURRENCY",
-                                         max(1, env_int("LOCKSTEP_TELEMETRY_CONCURRENCY", 2) - 1)),
     "TELEMETRY_NODE_BYTES_PER_S": env_int("LOCKSTEP_TELEMETRY_NODE_BYTES_PER_S", 256 * 1024),
     "TELEMETRY_NODE_BURST_BYTES": env_int("LOCKSTEP_TELEMETRY_NODE_BURST_BYTES", 4 * 1024 * 1024),
     "INVENTORY_MAX_BYTES": env_int("LOCKSTEP_INVENTORY_MAX_BYTES", 2 * 1024 * 1024),

@@ -25,7 +25,7 @@ from api.errors import error_response
 from console.commands import services as commands
 from console.commands import wakeup
 from console.core import scoping
-from console.core.asyncdb import LoopSlots, NoSlot, run_db, run_db_for_delivery
+from console.core.asyncdb import FairSlots, NoSlot, run_db, run_db_for_delivery
 from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
 from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
 from console.fleet import services as fleet
@@ -38,11 +38,11 @@ HEARTBEAT_MAX_ACTIVITIES = 64
 # every database thread (and most of the process's CPU) from polls, heartbeats and results; one
 # that waits too long is answered 503 and sent again later. Agents keep unaccepted batches on
 # disk, so a slower or refused answer loses nothing.
-TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
+# Turns go round the organizations: one organization's many waiting batches do not queue another's.
+TELEMETRY_SLOTS = FairSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
 TELEMETRY_RETRY_AFTER_S = 10
-# Before a batch waits for a turn, its node and organization must be within their shares
-# (console/telemetry/shares.py): one node (or one organization) flooding is refused at once, and
-# the others keep their turns.
+# Before a batch waits for a turn, its node must be within its share (console/telemetry/shares.py):
+# one node flooding is refused at once, and the others keep their turns.
 
 
 def agent_endpoint(*methods: str):
@@ -252,20 +252,20 @@ def _reject_reason(exc: DomainError) -> str:
 
 async def _store_within_shares(request):
     node = await authenticate(request)
-    wait = TELEMETRY_SHARES.admit(node.pk, node.organization_id, len(request.body), asyncio.get_running_loop().time(),
+    wait = TELEMETRY_SHARES.admit(node.pk, len(request.body), asyncio.get_running_loop().time(),
                                   key=credential_key(request.headers.get("Authorization", "")))
     if wait:
         exc = Busy(OVER_SHARE_DETAIL, retry_after_s=max(1, math.ceil(wait)), code="over_share")
         exc.organization_id = node.organization_id
         raise exc
     try:
-        async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
+        async with TELEMETRY_SLOTS.within(node.organization_id, settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
             return await run_db(in_organization_of, node, _ingest, node, request)
     except NoSlot:
         raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
                    retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
     finally:
-        TELEMETRY_SHARES.release(node.pk, node.organization_id)
+        TELEMETRY_SHARES.release(node.pk)
 
 
 @agent_endpoint("POST")

@@ -10,9 +10,9 @@ organizations with a cluster each and one enrolled node each (through the real A
    as the agent does (mode polite).
 
 It reports the heartbeat latency p50/p95/max of both phases, and the flood's rows stored per
-second and answers by status. Modes `on` and `polite` are the console's defaults; `off` lifts the shares
-(LOCKSTEP_TELEMETRY_NODE_CONCURRENCY / ORG_CONCURRENCY 1000, the byte rate unbounded): the console
-as it was before them. Everything it creates is removed at the end.
+second and answers by status. Modes `on` and `polite` are the console's defaults; `off` lifts the node's
+share (LOCKSTEP_TELEMETRY_NODE_CONCURRENCY 1000, the byte rate unbounded): the console
+as it was before them (the turns still go round the organizations). Everything it creates is removed at the end.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-OFF = {"LOCKSTEP_TELEMETRY_NODE_CONCURRENCY": "1000", "LOCKSTEP_TELEMETRY_ORG_CONCURRENCY": "1000",
+OFF = {"LOCKSTEP_TELEMETRY_NODE_CONCURRENCY": "1000",
        "LOCKSTEP_TELEMETRY_NODE_BYTES_PER_S": str(1 << 40), "LOCKSTEP_TELEMETRY_NODE_BURST_BYTES": str(1 << 40)}
 
 

@@ -13,13 +13,11 @@ TELEMETRY_PATH = "/api/v1/agent/telemetry"
 
 TELEMETRY_SHARES = FairShare(Shares(
     node_inflight=settings.LOCKSTEP["TELEMETRY_NODE_CONCURRENCY"],
-    org_inflight=settings.LOCKSTEP["TELEMETRY_ORG_CONCURRENCY"],
     node_bytes_per_s=settings.LOCKSTEP["TELEMETRY_NODE_BYTES_PER_S"],
     node_burst_bytes=settings.LOCKSTEP["TELEMETRY_NODE_BURST_BYTES"],
 ))
 
-OVER_SHARE_DETAIL = ("This node or its organization is over its share of telemetry storage; keep this batch and "
-                     "send it again later.")
+OVER_SHARE_DETAIL = "This node is over its share of telemetry storage; keep this batch and send it again later."
 
 
 def credential_key(authorization: str) -> str:
