@@ -43,12 +43,12 @@ plugin:
 # The agent package /install.sh hands to nodes: the agent plus wheels of its dependencies,
 # fetched once here so nodes install without internet.
 agent-package: $(STAMP)
-	$(BIN)/python manage.py build_agent_package --download
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py build_agent_package --download
 
 # The console on embedded defaults (SQLite, in-memory channel layer, tasks in-process) with an
 # emulated demo cluster; agents talk often so faults show within seconds.
 demo: $(STAMP) host-packages agent-package native plugin
-	LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
+	DEBUG=true LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
 # The checkpoint adapters' environments (var/adapters: TorchTitan, DeepSpeed beside torch 2.13.0

@@ -1,6 +1,6 @@
 """``python -m agent`` / ``lockstep-agent``: enroll, run, inventory, version.
 
-    lockstep-agent enroll --console URL --token lse_... [--cluster ID] [--state-dir DIR]
+    lockstep-agent enroll --console URL --token-file FILE|- [--cluster ID] [--state-dir DIR]
                           [--hostname NAME] [--machine-id ID] [--config FILE]
     lockstep-agent run [--config FILE]
     lockstep-agent inventory [--sysfs-root DIR] [--config FILE]
@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("enroll", help="exchange an enrollment token for this node's credential")
     p.add_argument("--console", metavar="URL", help="console URL (default: LOCKSTEP_CONSOLE_URL)")
-    p.add_argument("--token", metavar="lse_...", help="enrollment token (default: LOCKSTEP_ENROLL_TOKEN)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="read the enrollment token from FILE ('-': standard input); default: LOCKSTEP_ENROLL_TOKEN")
+    # Refused with a sentence: a token in the command line is readable by every user of the node.
+    p.add_argument("--token", help=argparse.SUPPRESS)
     p.add_argument("--cluster", metavar="ID", type=int, help="cluster the node must join")
     p.add_argument("--state-dir", metavar="DIR", help="where the credential is stored (default /var/lib/lockstep)")
     p.add_argument("--hostname", metavar="NAME", help="report this host name")
@@ -63,17 +66,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def read_token_file(name: str) -> str:
+    """The token: the first line of FILE, or of standard input for '-'."""
+    try:
+        if name == "-":
+            line = sys.stdin.readline()
+        else:
+            with open(name, encoding="utf-8") as fh:
+                line = fh.readline()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--token-file {name!r} cannot be read: {exc}") from None
+    return line.strip()
+
+
 def _cmd_enroll(args: argparse.Namespace) -> int:
     try:
         config = load(args.config)
         console = args.console or config.console_url
-        token = args.token or config.enroll_token
+        if args.token is not None:
+            raise ConfigError("--token is not accepted: a command line is readable by every user of this node "
+                              "(/proc/*/cmdline). Pass the token with --token-file FILE, --token-file - "
+                              "(standard input) or LOCKSTEP_ENROLL_TOKEN")
+        token = read_token_file(args.token_file) if args.token_file else config.enroll_token
         if not console:
             raise ConfigError("enroll needs --console URL (or LOCKSTEP_CONSOLE_URL)")
         if not token:
-            raise ConfigError("enroll needs --token lse_... (or LOCKSTEP_ENROLL_TOKEN); copy it from the console")
+            raise ConfigError("enroll needs an enrollment token: --token-file FILE, --token-file - (standard "
+                              "input) or LOCKSTEP_ENROLL_TOKEN; copy it from the console")
         console = validate_console_url("--console" if args.console else "LOCKSTEP_CONSOLE_URL", console)
-        token = validate_enroll_token("--token", token)
+        token = validate_enroll_token("--token-file" if args.token_file else "LOCKSTEP_ENROLL_TOKEN", token)
         hostname = validate_hostname("--hostname", args.hostname) if args.hostname else config.hostname
         machine_id = validate_machine_id("--machine-id", args.machine_id) if args.machine_id else config.machine_id
         if args.cluster is not None and args.cluster < 1:

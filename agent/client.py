@@ -97,10 +97,12 @@ class Client:
     # -- protocol ---------------------------------------------------------------------
 
     def enroll(self, token: str, host: dict, cluster_id: int | None = None) -> dict:
+        """With a credential set (re-enrollment), it is sent as the proof that this is the node that
+        holds it: the console lets a token alone enroll only a node without an active credential."""
         body: dict[str, Any] = {"token": token, "host": host}
         if cluster_id is not None:
             body["cluster_id"] = cluster_id
-        _, payload = self._request("POST", "/enroll", body, auth=False)
+        _, payload = self._request("POST", "/enroll", body, auth=bool(self.credential))
         if not isinstance(payload, dict) or not str(payload.get("credential", "")).startswith("lsn_"):
             raise ConsoleError(201, "bad_answer", f"enrollment answer has no node credential: {payload!r:.200}")
         return payload

@@ -156,7 +156,7 @@ class Daemon:
             agentlog.error(
                 "agent.not_enrolled",
                 state_dir=str(self.state_dir),
-                msg="no node credential stored: run `python -m agent enroll --console URL --token lse_...` "
+                msg="no node credential stored: run `python -m agent enroll --console URL --token-file FILE` "
                 "or set LOCKSTEP_ENROLL_TOKEN",
             )
             return EXIT_USAGE
@@ -267,7 +267,7 @@ class Daemon:
         else:
             msg = (
                 "the console does not accept this node's credential (revoked or unknown); all requests "
-                "stopped. Re-enroll the node: python -m agent enroll --console URL --token lse_..."
+                "stopped. Re-enroll the node: python -m agent enroll --console URL --token-file FILE"
             )
         agentlog.error("agent.halted", reason=exc.code, detail=exc.detail, msg=msg)
 

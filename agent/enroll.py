@@ -20,7 +20,7 @@ from agent import __version__
 from agent.client import Client, ConsoleError, Unreachable
 from agent.inventory import HostPaths, iso_now
 from agent.inventory.host import host_facts
-from agent.state import Credential, StateError, credential_path, save_credential
+from agent.state import Credential, StateError, credential_path, load_credential, save_credential
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -64,6 +64,14 @@ def explain(exc: ConsoleError, console_url: str, hostname: str, cluster_id: int 
             f"The enrollment token belongs to another cluster than {cluster_id} ({exc.code}). Use a token of "
             f"cluster {cluster_id}, or leave out --cluster to join the token's cluster.",
         )
+    if exc.code == "node_already_enrolled":
+        return EnrollError(
+            EXIT_CONFLICT,
+            f"The console already has node {hostname!r} enrolled with an active credential, and this node "
+            f"cannot prove it holds it ({exc.code}). If this is that node, restore its state directory; "
+            "otherwise have an operator reset the node's credential in the console (or retire it), then "
+            "enroll again.",
+        )
     if exc.code == "hostname_taken" or exc.status == 409:
         return EnrollError(
             EXIT_CONFLICT,
@@ -106,7 +114,12 @@ def enroll(
     if not host["hostname"] or not host["machine_id"]:
         raise EnrollError(EXIT_USAGE, "; ".join(errors) or "host facts are missing")
     host["agent_version"] = __version__
-    client = Client(console_url, timeout=timeout)
+    try:  # re-enrolling: the credential held proves this is the node (protocol §1)
+        held = load_credential(state_dir)
+    except StateError:
+        held = None
+    proof = held.credential if held and held.console_url.rstrip("/") == console_url.rstrip("/") else None
+    client = Client(console_url, credential=proof, timeout=timeout)
     try:
         answer = client.enroll(token, host, cluster_id)
     except ConsoleError as exc:

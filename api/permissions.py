@@ -28,6 +28,18 @@ class HasWriteRole(IsOrganizationMember):
 
     message = "Your role in this organization does not allow this change."
 
+    def has_permission(self, request, view) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        # A create names its organization in the body: refuse a caller who may create in none of
+        # theirs before the body is parsed (updates and actions check the object first anyway).
+        if getattr(view, "action", None) == "create" and not getattr(view, "anyone_creates", False):
+            role = getattr(view, "write_role", Role.OPERATOR)
+            if not Scope.for_request(request).organization_ids(role):
+                self.message = f"This needs the {role} role in one of your organizations."
+                return False
+        return True
+
     def has_object_permission(self, request, view, obj) -> bool:
         if request.method in permissions.SAFE_METHODS:
             return True

@@ -1,5 +1,5 @@
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from api.agent import views as agent_views
@@ -58,6 +58,6 @@ agent_urls = [
 urlpatterns = [
     path("agent/", include(agent_urls)),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("", include(router.urls)),
 ]

@@ -28,6 +28,13 @@ class AgentASGIHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(get_response)
 
     async def handle(self, scope, receive, send):
+        from console.telemetry.shares import early_refusal  # after Django is set up
+
+        refusal = early_refusal(scope)
+        if refusal is not None:  # a node's extra telemetry batch: answered before its body is read
+            for message in refusal:
+                await send(message)
+            return
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:

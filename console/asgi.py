@@ -15,10 +15,11 @@ django_http = get_asgi_application()  # before importing anything that touches m
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from console.agent_handler import AgentASGIHandler  # noqa: E402
+from console.core.bodylimit import BoundedBody  # noqa: E402
+from console.live.origin import SameOriginValidator  # noqa: E402
 from console.live.routing import websocket_urlpatterns  # noqa: E402
 
 AGENT_PREFIX = "/api/v1/agent/"
@@ -34,7 +35,7 @@ def http_router(agent_app, browser_app):
 
 application = ProtocolTypeRouter(
     {
-        "http": http_router(AgentASGIHandler(), ASGIStaticFilesHandler(django_http)),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "http": BoundedBody(http_router(AgentASGIHandler(), ASGIStaticFilesHandler(django_http))),
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

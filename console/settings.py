@@ -38,10 +38,13 @@ def _dev_secret_key(path: Path) -> str:
 # --- core -----------------------------------------------------------------------------------
 
 SECRET_KEY = env_str("SECRET_KEY")
-DEBUG = env_bool("DEBUG", default=not SECRET_KEY)
+# Production behaviour unless development is asked for explicitly (`make demo` and the tests set
+# DEBUG=true): a missing SECRET_KEY is an error, not a quiet switch to debug mode.
+DEBUG = env_bool("DEBUG", default=False)
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is false")
+        raise ImproperlyConfigured("SECRET_KEY must be set (or DEBUG=true for development only: the demo and "
+                                   "the tests set it)")
     # Debug only: a key generated once and kept under var/, so every process of a dev setup
     # (console, worker, management commands) agrees on it. Never used in production.
     SECRET_KEY = _dev_secret_key(VAR_DIR / "dev-secret-key")
@@ -88,6 +91,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "console.core.middleware.TenantScopeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "console.core.pageheaders.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -237,6 +241,13 @@ SECURE_HSTS_PRELOAD = HTTPS
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# Every page: scripts, styles, images and connections from this console only, no inline code
+# (console.core.pageheaders.ContentSecurityPolicyMiddleware; templates/static/ holds them all).
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+                           "form-action 'self'; frame-ancestors 'none'")
+# Error pages never show settings or a traceback, in any mode: the traceback goes to the log.
+DEFAULT_EXCEPTION_REPORTER = "console.core.pageheaders.LogOnlyExceptionReporter"
 if env_bool("LOCKSTEP_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Agents and health probes speak plain HTTP inside a cluster's management network even when
@@ -315,8 +326,18 @@ LOCKSTEP = {
     # a batch waits for its turn before it is answered 503 (the agent sends it again later).
     "TELEMETRY_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_CONCURRENCY", 2),
     "TELEMETRY_QUEUE_WAIT_S": env_int("LOCKSTEP_TELEMETRY_QUEUE_WAIT_S", 10),
+    # Fair shares (console/telemetry/fairshare.py): batches of one node stored or waiting at once per
+    # console process, and one node's sustained bytes per second and burst. (Organizations take the
+    # turns in rotation: console.core.asyncdb.FairSlots.)
+    "TELEMETRY_NODE_CONCURRENCY": env_int("LOCKSTEP_TELEMETRY_NODE_CONCURRENCY", 1),
+    "TELEMETRY_NODE_BYTES_PER_S": env_int("LOCKSTEP_TELEMETRY_NODE_BYTES_PER_S", 256 * 1024),
+    "TELEMETRY_NODE_BURST_BYTES": env_int("LOCKSTEP_TELEMETRY_NODE_BURST_BYTES", 4 * 1024 * 1024),
     "INVENTORY_MAX_BYTES": env_int("LOCKSTEP_INVENTORY_MAX_BYTES", 2 * 1024 * 1024),
     "TOPOLOGY_MAX_BYTES": env_int("LOCKSTEP_TOPOLOGY_MAX_BYTES", 64 * 1024 * 1024),
+    # Bodies of every other route (pages, the API, anonymous or not) and of the small agent routes
+    # (enroll, heartbeat), refused with 413 before they are read (console/core/bodylimit.py).
+    "BODY_MAX_BYTES": env_int("LOCKSTEP_BODY_MAX_BYTES", 256 * 1024),
+    "AGENT_BODY_MAX_BYTES": env_int("LOCKSTEP_AGENT_BODY_MAX_BYTES", 64 * 1024),
     # Live updates: more events than this for one group in one flush collapse into a refresh.
     "LIVE_MAX_EVENTS_PER_FLUSH": env_int("LOCKSTEP_LIVE_MAX_EVENTS_PER_FLUSH", 50),
     # Clock sync (console/clocks): the network solve runs at most this often per cluster, a node's

@@ -177,6 +177,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="print the line, run nothing")
     args = parser.parse_args(argv)
     env = dict(os.environ)
+    # The tests ask for development mode explicitly; the console's default is production.
+    env.setdefault("DEBUG", "true")
     parts = [database(env, args.embedded), redis(env, args.embedded), namespaces(), chromium()]
     print("lockstep tests: " + ", ".join(parts), flush=True)
     if args.check or not command:

@@ -24,22 +24,24 @@ from api.errors import error_response
 from console.commands import services as commands
 from console.commands import wakeup
 from console.core import limits, scoping
-from console.core.asyncdb import LoopSlots, NoSlot, run_db, run_db_for_delivery
+from console.core.asyncdb import FairSlots, NoSlot, run_db, run_db_for_delivery
 from console.core.errors import Busy, DomainError, Invalid, NotFound, TooLarge
 from console.core.metrics import POLLS_HELD, TELEMETRY_REJECTS
 from console.fleet import services as fleet
 from console.telemetry import services as telemetry_store
+from console.telemetry.shares import OVER_SHARE_DETAIL, TELEMETRY_SHARES, credential_key
 
-ENROLL_MAX_BYTES = 64 * 1024
-HEARTBEAT_MAX_BYTES = 64 * 1024
 HEARTBEAT_FIELDS = ("uptime_s", "telemetry_buffered", "telemetry_dropped", "commands_running")
 HEARTBEAT_MAX_ACTIVITIES = 64
 # Telemetry yields to control: a flood of batches waits here, on the event loop, instead of taking
 # every database thread (and most of the process's CPU) from polls, heartbeats and results; one
 # that waits too long is answered 503 and sent again later. Agents keep unaccepted batches on
 # disk, so a slower or refused answer loses nothing.
-TELEMETRY_SLOTS = LoopSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
+# Turns go round the organizations: one organization's many waiting batches do not queue another's.
+TELEMETRY_SLOTS = FairSlots(settings.LOCKSTEP["TELEMETRY_CONCURRENCY"])
 TELEMETRY_RETRY_AFTER_S = 10
+# Before a batch waits for a turn, its node must be within its share (console/telemetry/shares.py):
+# one node flooding is refused at once, and the others keep their turns.
 
 
 def agent_endpoint(*methods: str):
@@ -108,9 +110,12 @@ def in_organization_of(node, fn, *args):
 
 @agent_endpoint("POST")
 async def enroll(request):
-    payload = read_json(request, ENROLL_MAX_BYTES)
+    payload = read_json(request, settings.LOCKSTEP["AGENT_BODY_MAX_BYTES"])
     # The token names the organization: the service looks it up, then works in that organization.
-    result = await run_db(fleet.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"))
+    # A re-enrolling agent proves it holds the node's current credential (Authorization: Bearer lsn_...).
+    scheme, _, current = request.headers.get("Authorization", "").partition(" ")
+    result = await run_db(fleet.enroll, payload.get("token"), payload.get("host"), payload.get("cluster_id"),
+                          current.strip() if scheme == "Bearer" else "")
     node, limits = result.node, settings.LOCKSTEP
     return JsonResponse(
         {
@@ -129,7 +134,7 @@ async def enroll(request):
 
 
 def _store_heartbeat(node, request):
-    payload = read_json(request, HEARTBEAT_MAX_BYTES, required=False)
+    payload = read_json(request, settings.LOCKSTEP["AGENT_BODY_MAX_BYTES"], required=False)
     status = {key: payload[key] for key in HEARTBEAT_FIELDS
               if isinstance(payload.get(key), (int, float)) and not isinstance(payload.get(key), bool)}
     activities = payload.get("activities")  # the agent's activity health (the body is bounded above)
@@ -237,18 +242,32 @@ def _ingest(node, request):
 def _reject_reason(exc: DomainError) -> str:
     if isinstance(exc, telemetry_store.BatchInvalid):
         return exc.reason
-    return {"batch_too_large": "too_large", "busy": "busy", "invalid": "invalid"}.get(exc.code, "unauthenticated")
+    return {"batch_too_large": "too_large", "busy": "busy", "over_share": "over_share",
+            "invalid": "invalid"}.get(exc.code, "unauthenticated")
+
+
+async def _store_within_shares(request):
+    node = await authenticate(request)
+    wait = TELEMETRY_SHARES.admit(node.pk, len(request.body), asyncio.get_running_loop().time(),
+                                  key=credential_key(request.headers.get("Authorization", "")))
+    if wait:
+        exc = Busy(OVER_SHARE_DETAIL, retry_after_s=max(1, math.ceil(wait)), code="over_share")
+        exc.organization_id = node.organization_id
+        raise exc
+    try:
+        async with TELEMETRY_SLOTS.within(node.organization_id, settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
+            return await run_db(in_organization_of, node, _ingest, node, request)
+    except NoSlot:
+        raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
+                   retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
+    finally:
+        TELEMETRY_SHARES.release(node.pk)
 
 
 @agent_endpoint("POST")
 async def telemetry(request):
     try:
-        try:
-            async with TELEMETRY_SLOTS.within(settings.LOCKSTEP["TELEMETRY_QUEUE_WAIT_S"]):
-                result = await authenticate(request, _ingest, request)
-        except NoSlot:
-            raise Busy("The console is storing other telemetry; keep this batch and send it again later.",
-                       retry_after_s=TELEMETRY_RETRY_AFTER_S) from None
+        result = await _store_within_shares(request)
     except DomainError as exc:
         TELEMETRY_REJECTS.labels(str(getattr(exc, "organization_id", "")), _reject_reason(exc)).inc()
         raise

@@ -110,10 +110,14 @@ class EnrollmentTokenSerializer(StrictModelSerializer):
 
 class EnrollmentTokenCreatedSerializer(EnrollmentTokenSerializer):
     token = serializers.CharField(read_only=True, help_text="Shown once; only its digest is stored.")
-    install_command = serializers.CharField(read_only=True, help_text="Paste on a node to install and enroll.")
+    install_command = serializers.CharField(
+        read_only=True, help_text="Paste on a node to install and enroll; it asks for the token on the terminal.")
+    install_command_token_file = serializers.CharField(
+        read_only=True, help_text="The same without a terminal: the token is read from a root-only file on the node "
+                                  "(never from the command line, which every user of the node can read).")
 
     class Meta(EnrollmentTokenSerializer.Meta):
-        fields = [*EnrollmentTokenSerializer.Meta.fields, "token", "install_command"]
+        fields = [*EnrollmentTokenSerializer.Meta.fields, "token", "install_command", "install_command_token_file"]
 
 
 class TopologySummarySerializer(serializers.Serializer):

@@ -35,7 +35,7 @@ class AuditRunViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(request=None, responses={200: AuditRunSerializer})
     @action(detail=True, methods=["post"])
-    def cancel(self, request, pk=None):
+    def cancel(self, request, pk=None, format=None):
         run = self.get_object()
         self.require_role(run.organization_id)
         services.cancel(run)
@@ -44,13 +44,13 @@ class AuditRunViewSet(ScopedViewSetMixin, mixins.ListModelMixin, mixins.Retrieve
     @extend_schema(responses={200: dict}, description="The report as JSON: the lockstep.audit.verdict/v1 "
                    "document with the fleet agreement and the loaded pairs (null until the audit finishes).")
     @action(detail=True, methods=["get"], filterset_class=None)
-    def report(self, request, pk=None):
+    def report(self, request, pk=None, format=None):
         run = self.get_object()
         return Response(report.document(run))
 
     @extend_schema(responses={(200, "application/pdf"): bytes}, description="The report as a PDF.")
     @action(detail=True, methods=["get"], filterset_class=None)
-    def pdf(self, request, pk=None):
+    def pdf(self, request, pk=None, format=None):
         run = self.get_object()
         response = HttpResponse(report.pdf(run), content_type="application/pdf")
         response["Content-Disposition"] = f'attachment; filename="audit-{run.pk}.pdf"'

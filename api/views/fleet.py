@@ -37,7 +37,7 @@ from console.audits import services as audits
 from console.audits.models import AuditRun
 from console.commands import services as commands
 from console.fleet import services
-from console.fleet.install_command import install_command
+from console.fleet.install_command import install_command, install_command_token_file
 from console.fleet.models import Cluster, EnrollmentToken, Gpu, Link, Nic, Node, Switch
 from console.fleet.paths import ecmp_paths
 from console.fleet.status import cluster_status
@@ -117,7 +117,8 @@ class ClusterViewSet(ScopedModelViewSet):
             max_uses=data.get("max_uses", services.ENROLLMENT_TOKEN_MAX_USES),
         )
         minted.token.token = minted.plaintext
-        minted.token.install_command = install_command(request, minted.plaintext)
+        minted.token.install_command = install_command(request)
+        minted.token.install_command_token_file = install_command_token_file(request)
         return Response(EnrollmentTokenCreatedSerializer(minted.token).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -155,7 +156,7 @@ class ClusterViewSet(ScopedModelViewSet):
     )
     @extend_schema(methods=["GET"], responses={200: AuditRunSerializer(many=True)})
     @action(detail=True, methods=["get", "post"], filterset_class=None)
-    def audits(self, request, pk=None):
+    def audits(self, request, pk=None, format=None):
         cluster = self.get_object()
         if request.method == "GET":
             page = self.paginate_queryset(AuditRun.objects.filter(cluster=cluster).prefetch_related("nodes")
@@ -167,7 +168,7 @@ class ClusterViewSet(ScopedModelViewSet):
     @extend_schema(methods=["PUT"], request=AuditScheduleSerializer, responses={200: AuditScheduleSerializer},
                    description="Audit the cluster every `interval_s` seconds (at least 600).")
     @action(detail=True, methods=["get", "put"], url_path="audit-schedule", filterset_class=None)
-    def audit_schedule(self, request, pk=None):
+    def audit_schedule(self, request, pk=None, format=None):
         return schedule_response(self, request, self.get_object())
 
 
@@ -207,12 +208,19 @@ class NodeViewSet(ScopedReadOnlyViewSet):
                    description="Audit a draining node (`options` as for a cluster's audit); it returns to ready "
                                "only if it passes (undrain: at once, no audit).")
     @action(detail=True, methods=["post"], url_path="return-to-service")
-    def return_to_service(self, request, pk=None):
+    def return_to_service(self, request, pk=None, format=None):
         node = self.get_object()
         self.require_role(node.organization_id)
         options = request.data.get("options") if isinstance(request.data, dict) else None
         run = audits.return_to_service(node, user=request.user, options=options)
         return Response(AuditRunSerializer(AuditRun.objects.get(pk=run.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: NodeSerializer},
+                   description="Revoke the node's credential: its agent stops, and an enrollment token may "
+                               "enroll the node again (a token alone never replaces an active credential).")
+    @action(detail=True, methods=["post"], url_path="reset-credential")
+    def reset_credential(self, request, pk=None, format=None):
+        return self._transition(request, services.reset_credentials)
 
     @extend_schema(responses={200: dict}, description="The last lockstep.inventory/v1 document the agent sent.")
     @action(detail=True, methods=["get"])

@@ -34,14 +34,14 @@ class IncidentViewSet(ScopedReadOnlyViewSet):
 
     @extend_schema(request=None, responses={200: IncidentDetailSerializer})
     @action(detail=True, methods=["post"])
-    def acknowledge(self, request, pk=None):
+    def acknowledge(self, request, pk=None, format=None):
         incident = self.get_object()
         self.require_role(incident.organization_id)
         return Response(IncidentDetailSerializer(services.acknowledge(incident, request.user)).data)
 
     @extend_schema(request=None, responses={200: IncidentDetailSerializer})
     @action(detail=True, methods=["post"])
-    def resolve(self, request, pk=None):
+    def resolve(self, request, pk=None, format=None):
         incident = self.get_object()
         self.require_role(incident.organization_id)
         return Response(IncidentDetailSerializer(services.resolve(incident, request.user)).data)

@@ -24,6 +24,7 @@ class OrganizationViewSet(ScopedModelViewSet):
     model = Organization
     serializer_class = OrganizationSerializer
     write_role = Role.OWNER
+    anyone_creates = True  # any signed-in user may create an organization (api.permissions.HasWriteRole)
     http_method_names = ["get", "post", "patch", "head", "options"]
 
     def perform_create(self, serializer):

@@ -6,6 +6,8 @@ at set-up time (see :mod:`console.agentdist.build`), and cached until its inputs
 
 from __future__ import annotations
 
+import logging
+
 from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseNotFound
 from django.views.decorators.http import require_safe
 
@@ -13,9 +15,21 @@ from console.agentdist.build import PackageUnavailable, current_packages
 from console.agentdist.installer import failing_script, render_install_script
 from console.fleet.install_command import console_url
 
+log = logging.getLogger(__name__)
+
+# What anonymous callers are told; why (file names, paths on the server) goes to the log only.
+UNAVAILABLE = ("the console cannot serve the agent package (not built). An administrator runs "
+               "`make agent-package` (or `manage.py build_agent_package --download`) on the console; "
+               "the console's log says what is missing")
+
+
+def _unavailable_reason(exc: PackageUnavailable) -> str:
+    log.error("agent package unavailable: %s", exc)
+    return UNAVAILABLE
+
 
 def _unavailable(exc: PackageUnavailable) -> HttpResponse:
-    return HttpResponse(f"The agent package is not available: {exc}\n", status=503,
+    return HttpResponse(f"lockstep: {_unavailable_reason(exc)}\n", status=503,
                         content_type="text/plain; charset=utf-8")
 
 
@@ -26,7 +40,7 @@ def install_script(request):
     except PackageUnavailable as exc:
         # 200 on purpose: `curl -fsSL .../install.sh | sudo sh` then shows the operator why,
         # with the installer's exit code for "the console cannot serve the package".
-        body = failing_script(f"the console cannot serve the agent package: {exc}")
+        body = failing_script(_unavailable_reason(exc))
         response = HttpResponse(body, content_type="text/x-shellscript; charset=utf-8")
         response["X-Lockstep-Error"] = "agent-package-unavailable"
     else:

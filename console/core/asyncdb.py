@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import threading
 import time
 import weakref
@@ -96,34 +97,73 @@ class NoSlot(Exception):
     """Every slot stayed taken for as long as the caller would wait."""
 
 
-class LoopSlots:
-    """At most `size` holders at once, per event loop: `async with slots():`. (An asyncio
-    semaphore belongs to the loop it first ran on; uvicorn has one loop, tests many.)"""
+class FairSlots:
+    """At most `size` holders at once, per event loop: `async with slots.within(group, timeout):`.
+    When a slot frees, it goes to a waiter of the group (an organization) that holds the fewest
+    slots and was served longest ago, its longest waiting first: turns go round the groups, so a
+    group with many waiters does not make another group's one waiter wait behind all of them.
+    (Per loop: uvicorn has one loop, tests many.)"""
 
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
         self.size = size
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SlotState] = (
             weakref.WeakKeyDictionary()
         )
 
-    def __call__(self) -> asyncio.Semaphore:
+    def _state(self) -> _SlotState:
         loop = asyncio.get_running_loop()
-        semaphore = self._by_loop.get(loop)
-        if semaphore is None:
-            semaphore = self._by_loop[loop] = asyncio.Semaphore(self.size)
-        return semaphore
+        state = self._by_loop.get(loop)
+        if state is None:
+            state = self._by_loop[loop] = _SlotState()
+        return state
 
     @contextlib.asynccontextmanager
-    async def within(self, timeout: float):
-        """Hold a slot, waiting at most `timeout` seconds for one (else NoSlot)."""
-        semaphore = self()
+    async def within(self, group, timeout: float):
+        """Hold a slot for `group`, waiting at most `timeout` seconds for one (else NoSlot)."""
+        state = self._state()
+        turn = asyncio.get_running_loop().create_future()
+        state.waiting.append((next(state.order), group, turn))
+        self._hand_out(state)
         try:
-            await asyncio.wait_for(semaphore.acquire(), timeout)
-        except asyncio.TimeoutError:
+            await asyncio.wait_for(asyncio.shield(turn), timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            if turn.done() and not turn.cancelled():
+                self._release(state, group)  # the slot came at the same moment: give it on
+            else:
+                turn.cancel()
+                state.waiting = [w for w in state.waiting if w[2] is not turn]
+            if asyncio.current_task().cancelling():
+                raise
             raise NoSlot(f"no slot free within {timeout} s") from None
         try:
             yield
         finally:
-            semaphore.release()
+            self._release(state, group)
+
+    def _release(self, state: _SlotState, group) -> None:
+        state.held -= 1
+        state.by_group[group] -= 1
+        if state.by_group[group] <= 0:
+            del state.by_group[group]
+        self._hand_out(state)
+
+    def _hand_out(self, state: _SlotState) -> None:
+        state.waiting = [w for w in state.waiting if not w[2].done()]
+        while state.waiting and state.held < self.size:
+            chosen = min(state.waiting, key=lambda w: (state.by_group.get(w[1], 0), state.served.get(w[1], -1), w[0]))
+            state.waiting.remove(chosen)
+            state.served[chosen[1]] = next(state.order)
+            state.held += 1
+            state.by_group[chosen[1]] = state.by_group.get(chosen[1], 0) + 1
+            chosen[2].set_result(None)
+
+
+class _SlotState:
+    def __init__(self) -> None:
+        self.held = 0
+        self.by_group: dict = {}
+        self.served: dict = {}  # group -> when it was last given a slot (an `order` number)
+        self.waiting: list[tuple[int, object, asyncio.Future]] = []
+        self.order = itertools.count()

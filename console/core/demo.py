@@ -10,7 +10,7 @@ from django.db import transaction
 
 from console.core import scoping
 from console.fleet import services as fleet
-from console.fleet.models import Cluster
+from console.fleet.models import Cluster, Node
 from console.tenancy import services as tenancy
 from console.tenancy.models import Membership, Organization, Role
 
@@ -42,6 +42,10 @@ def seed_demo(topology: dict) -> DemoSeed:
                 fleet.create_cluster(organization.pk, "demo-cluster",
                                      "An emulated rail-optimized fabric with real agents.")
             fleet.import_topology(cluster, topology)
-            # Unlimited uses: the demo's agents enroll again each time the demo starts.
+            # The demo's agents start with fresh state and enroll again each time the demo starts: as
+            # an operator would, the demo resets its nodes first (a token alone never replaces an
+            # active credential), and asks for a token of unlimited uses.
+            for node in Node.objects.filter(cluster=cluster):
+                fleet.reset_credentials(node)
             minted = fleet.mint_enrollment_token(cluster, description="demo agents", max_uses=None)
     return DemoSeed(organization, cluster, minted.plaintext)

@@ -54,6 +54,7 @@ __all__ = [
     "record_heartbeat",
     "mint_enrollment_token",
     "node_counts_by_state",
+    "reset_credentials",
     "retire",
     "revoke_enrollment_token",
     "store_health_report",
@@ -65,10 +66,10 @@ __all__ = [
 
 # --- enrollment tokens ------------------------------------------------------------------------
 
-# One default for the page, the API, the demo and any CLI. (Issue 9 bounds uses and shortens
-# the lifetime; change it here.)
-ENROLLMENT_TOKEN_TTL = timedelta(hours=24)
-ENROLLMENT_TOKEN_MAX_USES: int | None = None  # None: unlimited
+# One default for the page, the API and the CLI (`manage.py create_enrollment_token`): a token that
+# leaks is good for a few enrollments within the hour; a larger batch of nodes asks for more.
+ENROLLMENT_TOKEN_TTL = timedelta(hours=1)
+ENROLLMENT_TOKEN_MAX_USES: int | None = 10  # None (asked for explicitly): unlimited
 ENROLLMENT_TOKEN_MAX_TTL = timedelta(days=365)
 ENROLLMENT_TOKEN_MIN_TTL = timedelta(minutes=1)
 
@@ -329,9 +330,13 @@ def _valid_enrollment_token(plaintext) -> EnrollmentToken:
     return token
 
 
-def enroll(token_plaintext, host, cluster_id=None) -> Enrollment:
+def enroll(token_plaintext, host, cluster_id=None, current_credential: str = "") -> Enrollment:
     """Exchange an enrollment token and host facts for a node and its credential (the node's
-    previous credentials are revoked). Runs in the token's organization."""
+    previous credentials are revoked). Runs in the token's organization.
+
+    A node that holds an active credential is not taken over by a token alone (its machine id is
+    no secret): the agent proves the re-enrollment with `current_credential`, the one it holds, or
+    an operator resets the node first (`reset_credentials`, or retires it)."""
     facts = _clean_host(host)
     if cluster_id is not None and (not isinstance(cluster_id, int) or isinstance(cluster_id, bool)):
         raise Invalid("cluster_id must be an integer.", field="cluster_id")
@@ -342,6 +347,8 @@ def enroll(token_plaintext, host, cluster_id=None) -> Enrollment:
                             "you are enrolling into.", code="enrollment_token_wrong_cluster")
         with scoping.for_organization(token.organization_id):
             node = _match_node(token, facts)
+            if node is not None:
+                _require_proof(node, current_credential)
             now = timezone.now()
             if node is None:
                 node = Node(organization_id=token.organization_id, cluster_id=token.cluster_id, name=facts["hostname"])
@@ -359,6 +366,30 @@ def enroll(token_plaintext, host, cluster_id=None) -> Enrollment:
             EnrollmentToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used=now)
             node_changed(node)
     return Enrollment(node, plaintext)
+
+
+def _require_proof(node: Node, current_credential: str) -> None:
+    active = [c for c in NodeCredential.objects.filter(node=node, revoked_at__isnull=True) if not c.is_expired]
+    if not active or node.state == NodeState.RETIRED:
+        return
+    proof = NodeCredential.lookup(current_credential) if current_credential else None
+    if proof is None or proof.pk not in {c.pk for c in active}:
+        raise Conflict(
+            f"Node {node.name!r} is enrolled and its agent holds an active credential; an enrollment token "
+            "alone does not replace it. Re-enroll from that node's agent (it proves it with its current "
+            "credential: the installer's --reenroll), or have an operator reset the node's credential "
+            f"(POST /api/v1/nodes/{node.pk}/reset-credential/) and enroll again.",
+            code="node_already_enrolled",
+        )
+
+
+def reset_credentials(node: Node) -> int:
+    """Revoke the node's credentials (its agent stops at its next request) so that an enrollment
+    token may enroll the node again; how many were active."""
+    with transaction.atomic():
+        revoked = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    node_changed(node)
+    return revoked
 
 
 def _match_node(token: EnrollmentToken, facts: dict) -> Node | None:

@@ -42,6 +42,22 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if hasattr(self, "access_group"):
             await self.channel_layer.group_discard(self.access_group, self.channel_name)
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        # A frame that is not JSON text answers an error and keeps the socket (the JSON consumer
+        # would raise and drop it).
+        if text_data is None:
+            await self.send_json({"type": "error", "detail": "messages are JSON text frames, not binary"})
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except ValueError as exc:  # JSONDecodeError, and RecursionError's cousin for deep nesting below
+            await self.send_json({"type": "error", "detail": f"the message is not JSON: {exc}"})
+            return
+        except RecursionError:
+            await self.send_json({"type": "error", "detail": "the message is nested too deeply"})
+            return
+        await self.receive_json(content, **kwargs)
+
     async def receive_json(self, content, **kwargs) -> None:
         if not isinstance(content, dict):
             await self.send_json({"type": "error", "detail": "messages are JSON objects"})
@@ -65,8 +81,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "subscribed", "groups": sorted(self.groups_joined), "denied": denied})
 
     async def _unsubscribe(self, names) -> None:
-        for group in names if isinstance(names, list) else []:
-            if group in self.groups_joined:
+        if not isinstance(names, list):
+            await self.send_json({"type": "error", "detail": "'unsubscribe' takes a list of groups"})
+            return
+        for group in names:
+            if isinstance(group, str) and group in self.groups_joined:
                 await self.channel_layer.group_discard(group, self.channel_name)
                 self.groups_joined.discard(group)
         await self.send_json({"type": "subscribed", "groups": sorted(self.groups_joined), "denied": []})

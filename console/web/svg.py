@@ -42,7 +42,8 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
     out = [
         f'<svg id="fabric-map" xmlns="http://www.w3.org/2000/svg" width="100%" '
         f'viewBox="0 0 {drawing.width} {drawing.height}" preserveAspectRatio="xMidYMin meet" '
-        f'style="min-width:{drawing.width * MIN_SCALE:g}px;max-width:{drawing.width * MAX_SCALE:g}px" '
+        # The page's script applies these (a style attribute would need 'unsafe-inline' in the CSP).
+        f'data-min-width="{drawing.width * MIN_SCALE:g}" data-max-width="{drawing.width * MAX_SCALE:g}" '
         f'font-size="{LABEL_PX}" font-family="{LABEL_FONT}" '
         f'data-width="{drawing.width}" data-height="{drawing.height}" role="group" aria-label="{_e(label)}" '
         f'data-aggregated="{"true" if drawing.aggregated else "false"}"><title>{_e(label)}</title>'
@@ -53,7 +54,7 @@ def render_map(drawing: Layout, health: dict[str, dict[str, str]], label: str) -
             out.append(
                 f'<path class="bundle {h("bundle", b["id"])}" data-kind="bundle" data-name="{b["id"]}" '
                 f'data-label="{_e(b["label"])}" data-count="{b["count"]}" d="{b["d"]}" '
-                f'style="stroke-width:{b["stroke"]}px" tabindex="0" role="button"><title>{_e(b["label"])}</title></path>'
+                f'stroke-width="{b["stroke"]}" tabindex="0" role="button"><title>{_e(b["label"])}</title></path>'
             )
         out.append('</g><g class="groups">')
         for g in drawing.groups:

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.clocks.models import ClockSync, NodeClock
 from console.core.errors import DomainError
 from console.fleet import services
-from console.fleet.install_command import install_command
+from console.fleet.install_command import TOKEN_FILE, install_command, install_command_token_file
 from console.fleet.models import Cluster, EnrollmentToken, Node
 from console.incidents.models import Incident
 from console.live.groups import cluster_group, organization_group
@@ -139,6 +139,7 @@ def cluster(request, pk: int):
         "created_token": created_token,
         "token_ttl_hours": int(services.ENROLLMENT_TOKEN_TTL.total_seconds() // 3600),
         "token_max_ttl_hours": int(services.ENROLLMENT_TOKEN_MAX_TTL.total_seconds() // 3600),
+        "token_max_uses": services.ENROLLMENT_TOKEN_MAX_USES,
         "tokens": EnrollmentToken.objects.filter(cluster=cluster).order_by("-created")[:TOKENS_SHOWN],
         "live_groups": [cluster_group(cluster.organization_id, cluster.pk)],
         "status": status,
@@ -168,7 +169,8 @@ def _create_enrollment_token(request, cluster: Cluster) -> dict | None:
     except DomainError as exc:
         messages.error(request, exc.detail)
         return None
-    return {"token": minted.plaintext, "install_command": install_command(request, minted.plaintext),
+    return {"token": minted.plaintext, "install_command": install_command(request),
+            "install_command_token_file": install_command_token_file(request), "token_file": TOKEN_FILE,
             "expires": minted.token.expires, "prefix": minted.token.prefix_display}
 
 

@@ -222,7 +222,9 @@ def test_revoked_credential_stops_traffic_until_reenrolled(console, start_daemon
     # at most the long poll that was already in flight ends (with a 401); nothing new starts
     assert len(console.requests()) - before <= 1, "the agent keeps calling the console with a revoked credential"
 
-    code = main(["enroll", "--console", console.url, "--token", console.create_token(), "--state-dir", str(state),
+    token = tmp_path / "token"
+    token.write_text(console.create_token() + "\n")
+    code = main(["enroll", "--console", console.url, "--token-file", str(token), "--state-dir", str(state),
                  "--hostname", "node-a", "--machine-id", "machine-a"])
     assert code == 0, capsys.readouterr().err
     beats = len(console.heartbeats(node))

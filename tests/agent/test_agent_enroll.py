@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +14,21 @@ from agent.cli import main
 pytestmark = pytest.mark.timeout(60)
 
 
+TOKENS = Path(tempfile.mkdtemp(prefix="lsa-tokens-"))
+
+
+def token_file(directory: Path, token: str) -> str:
+    """The token in a file (0600), as an operator hands it over: never in a command line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"token-{abs(hash(token))}"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
 def enroll(capsys, console_url: str, token: str, state, *extra: str) -> tuple[int, str, str]:
-    code = main(["enroll", "--console", console_url, "--token", token, "--state-dir", str(state), *extra])
+    code = main(["enroll", "--console", console_url, "--token-file", token_file(TOKENS, token),
+                 "--state-dir", str(state), *extra])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -121,16 +136,22 @@ def test_unreachable_console(console, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "phrase"),
     [
-        (["--console", "ftp://x", "--token", "lse_AbCdEfGhIjKl.s"], "--console='ftp://x' is not a console URL"),
-        (["--console", "http://127.0.0.1:9", "--token", "lst_AbCdEfGhIjKl.s"], "is not an enrollment token"),
-        (["--console", "http://127.0.0.1:9"], "enroll needs --token"),
-        (["--token", "lse_AbCdEfGhIjKl.s"], "enroll needs --console"),
-        (["--console", "http://127.0.0.1:9", "--token", "lse_AbCdEfGhIjKl.s", "--hostname", "a b"],
+        (["--console", "ftp://x", "TOKEN", "lse_AbCdEfGhIjKl.s"], "--console='ftp://x' is not a console URL"),
+        (["--console", "http://127.0.0.1:9", "TOKEN", "lst_AbCdEfGhIjKl.s"], "is not an enrollment token"),
+        (["--console", "http://127.0.0.1:9"], "enroll needs an enrollment token: --token-file FILE"),
+        (["TOKEN", "lse_AbCdEfGhIjKl.s"], "enroll needs --console"),
+        (["--console", "http://127.0.0.1:9", "TOKEN", "lse_AbCdEfGhIjKl.s", "--hostname", "a b"],
          "--hostname='a b' is not a valid host name"),
-        (["--console", "http://127.0.0.1:9", "--token", "lse_AbCdEfGhIjKl.s", "--cluster", "x"], "invalid int value"),
+        (["--console", "http://127.0.0.1:9", "TOKEN", "lse_AbCdEfGhIjKl.s", "--cluster", "x"], "invalid int value"),
+        # Issue 9, finding 1: a token in the command line is readable by every user of the node.
+        (["--console", "http://127.0.0.1:9", "--token", "lse_AbCdEfGhIjKl.s"], "--token is not accepted"),
+        (["--console", "http://127.0.0.1:9", "--token-file", "/nonexistent/t"], "cannot be read"),
     ],
 )
 def test_usage_errors_exit_2(tmp_path, capsys, argv, phrase):
+    if "TOKEN" in argv:  # the token goes in a file
+        at = argv.index("TOKEN")
+        argv = [*argv[:at], "--token-file", token_file(tmp_path / "tokens", argv[at + 1]), *argv[at + 2:]]
     with pytest.raises(SystemExit) as info:
         code = main(["enroll", "--state-dir", str(tmp_path / "s"), *argv])
         raise SystemExit(code)
@@ -144,3 +165,27 @@ def test_credential_cannot_be_stored(console, tmp_path, capsys):
     code, _, err = enroll(capsys, console.url, console.create_token(), blocker / "state",
                           "--hostname", "n2", "--machine-id", "m2")
     assert code == 6 and "could not be stored" in err and "enroll again" in err
+
+
+def test_the_token_can_come_on_standard_input(console, tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(console.create_token() + "\n"))
+    code = main(["enroll", "--console", console.url, "--token-file", "-", "--state-dir", str(tmp_path / "state"),
+                 "--hostname", "node-stdin", "--machine-id", "m-stdin"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "state" / "credential.json").exists()
+
+
+def test_re_enrolling_sends_the_held_credential_and_a_fresh_state_is_refused(real_console, tmp_path, capsys):
+    console = real_console
+    token = console.create_token(max_uses=5)
+    state = tmp_path / "state"
+    assert enroll(capsys, console.url, token, state, "--hostname", "node-re", "--machine-id", "m-re")[0] == 0
+    held = json.loads((state / "credential.json").read_text())["credential"]
+    # The same node again: its credential proves it, and it gets a new one.
+    assert enroll(capsys, console.url, token, state, "--hostname", "node-re", "--machine-id", "m-re")[0] == 0
+    assert json.loads((state / "credential.json").read_text())["credential"] != held
+    # Another machine claiming the same machine id with the token alone: exit 5, it says what to do.
+    code, _, err = enroll(capsys, console.url, token, tmp_path / "other", "--hostname", "node-re", "--machine-id", "m-re")
+    assert code == 5 and "node_already_enrolled" in err and "reset the node's credential" in err

@@ -15,6 +15,7 @@ from django.urls import get_resolver
 from rest_framework.routers import DefaultRouter
 
 from api.urls import router
+from console.incidents.models import Incident
 from tests.console.test_tenant_isolation import snapshot as snapshot_of
 from tests.factories import inventory_doc, make_enrollment_token, make_fleet, small_topology
 
@@ -77,7 +78,8 @@ def _detail_actions():
 
 @pytest.mark.parametrize(("prefix", "url_path", "method"), _detail_actions(), ids=lambda v: str(v))
 def test_the_json_format_suffix_works_on_every_detail_action(world, fleet, prefix, url_path, method):
-    ids = {"clusters": fleet.cluster.pk, "nodes": fleet.node.pk, "commands": fleet.command.pk}
+    ids = {"clusters": fleet.cluster.pk, "nodes": fleet.node.pk, "commands": fleet.command.pk,
+           "audits": fleet.audit.pk, "incidents": Incident.objects.get(cluster=fleet.cluster).pk}
     assert prefix in ids, f"teach this test an object of /{prefix}/"
     query = "?src=acme-node0/nic0&dst=acme-node1/nic0" if url_path == "paths" else ""
     response = getattr(_owner(world), method)(f"/api/v1/{prefix}/{ids[prefix]}/{url_path}.json{query}")

@@ -22,9 +22,10 @@ def cluster(world):
     return cluster
 
 
-def _enroll(token, hostname="node0", machine_id="m-0", **extra):
+def _enroll(token, hostname="node0", machine_id="m-0", proof=None, **extra):
     body = {"token": token, "host": {"hostname": hostname, "machine_id": machine_id, "agent_version": "0.1.0"}, **extra}
-    return Client().post("/api/v1/agent/enroll", body, content_type="application/json")
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {proof}"} if proof else {}
+    return Client(**headers).post("/api/v1/agent/enroll", body, content_type="application/json")
 
 
 class _Agent:
@@ -119,7 +120,7 @@ def test_a_second_machine_claiming_an_enrolled_hostname_is_a_conflict(cluster):
 def test_re_enrolling_the_same_machine_keeps_the_node_and_replaces_the_credential(cluster):
     token = make_enrollment_token(cluster)
     first = _enroll(token).json()
-    second = _enroll(token).json()
+    second = _enroll(token, proof=first["credential"]).json()  # the agent proves it holds the credential
     assert first["node_id"] == second["node_id"]
     assert _agent(first["credential"]).post("/api/v1/agent/heartbeat").status_code == 401
     assert _agent(second["credential"]).post("/api/v1/agent/heartbeat").status_code == 200
@@ -138,6 +139,61 @@ def test_the_api_creates_an_enrollment_token_with_the_install_command(world, clu
                                           {"description": "rack 4", "max_uses": 16}, format="json")
     assert response.status_code == 201
     body = response.json()
-    assert body["install_command"] == f"curl -fsSL http://testserver/install.sh | sudo sh -s -- --token {body['token']}"
+    # The token is in neither line: a command line is readable by every user of the node.
+    assert body["install_command"] == "curl -fsSL http://testserver/install.sh | sudo sh"
+    assert body["install_command_token_file"] == (
+        "curl -fsSL http://testserver/install.sh | sudo sh -s -- --token-file /root/lockstep.token")
     assert body["max_uses"] == 16 and body["expires"] is not None
     assert _enroll(body["token"]).status_code == 201
+
+
+# --- issue 9, finding 1: a token alone never takes over an enrolled node ---------------------------
+
+def test_a_token_and_a_known_machine_id_do_not_take_over_an_enrolled_node(world, cluster):
+    token = make_enrollment_token(cluster)
+    real = _enroll(token, machine_id="m-real").json()
+    # The impostor knows the machine id (viewers see it in /api/v1/nodes/) and holds a token.
+    seen = world.client("bob").get(f"/api/v1/nodes/{real['node_id']}/").json()
+    impostor = _enroll(token, hostname=seen["name"], machine_id="m-real")
+    assert impostor.status_code == 409, impostor.content
+    assert impostor.json()["error"] == "node_already_enrolled"
+    assert "reset-credential" in impostor.json()["detail"]
+    # The real node keeps working; no credential was issued to the impostor.
+    assert _agent(real["credential"]).post("/api/v1/agent/heartbeat").status_code == 200
+    assert NodeCredential.objects.filter(node_id=real["node_id"]).count() == 1
+    # A credential that is not the node's is no proof either.
+    other = _enroll(token, hostname="gpu-spare-1", machine_id="m-other").json()
+    assert _enroll(token, machine_id="m-real", proof=other["credential"]).status_code == 409
+
+
+def test_after_an_operator_resets_the_node_a_token_enrolls_it_again(world, cluster):
+    token = make_enrollment_token(cluster)
+    real = _enroll(token, machine_id="m-real").json()
+    url = f"/api/v1/nodes/{real['node_id']}/reset-credential/"
+    assert world.client("bob").post(url).status_code == 403  # a viewer may not
+    assert world.client("charlie").post(url).status_code == 404  # another organization's node
+    assert _agent(real["credential"]).post("/api/v1/agent/heartbeat").status_code == 200
+    assert world.client("carol").post(url).status_code == 200
+    assert _agent(real["credential"]).post("/api/v1/agent/heartbeat").status_code == 401  # that agent stops
+    again = _enroll(token, machine_id="m-real")
+    assert again.status_code == 201 and again.json()["node_id"] == real["node_id"]
+
+
+def test_token_defaults_are_bounded_and_the_same_in_the_api_the_page_and_the_cli(world, cluster, capsys):
+    from django.core.management import call_command
+
+    from console.fleet.services import ENROLLMENT_TOKEN_MAX_USES, ENROLLMENT_TOKEN_TTL
+
+    assert ENROLLMENT_TOKEN_MAX_USES is not None and ENROLLMENT_TOKEN_MAX_USES <= 10
+    assert timedelta(hours=1) >= ENROLLMENT_TOKEN_TTL
+    api = world.client("carol").post(f"/api/v1/clusters/{cluster.pk}/enrollment-tokens/", {}, format="json")
+    assert api.status_code == 201 and api.json()["max_uses"] == ENROLLMENT_TOKEN_MAX_USES
+    page = world.session("carol").get(f"/clusters/{cluster.pk}/")
+    assert f'name="max_uses" type="number" min="1" value="{ENROLLMENT_TOKEN_MAX_USES}"' in page.content.decode()
+    call_command("create_enrollment_token", str(cluster.pk))
+    plaintext = capsys.readouterr().out.strip().splitlines()[-1]
+    assert plaintext.startswith("lse_")
+    tokens = EnrollmentToken.objects.filter(cluster=cluster).order_by("created")
+    assert [t.max_uses for t in tokens] == [ENROLLMENT_TOKEN_MAX_USES] * 2
+    for t in tokens:
+        assert abs((t.expires - t.created) - ENROLLMENT_TOKEN_TTL) < timedelta(minutes=1)

@@ -59,4 +59,19 @@ def test_a_secret_key_is_required_outside_debug():
     env.pop("SECRET_KEY")
     result = _manage("check", env=env)
     assert result.returncode != 0
-    assert "SECRET_KEY must be set when DEBUG is false" in result.stderr
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_without_debug_asked_for_the_console_is_production_even_without_a_secret_key():
+    # Issue 9, finding 7: no SECRET_KEY used to mean DEBUG=true and ALLOWED_HOSTS=* in silence.
+    env = _production_env()
+    env.pop("SECRET_KEY")
+    env.pop("DEBUG")
+    env.pop("ALLOWED_HOSTS")
+    result = _manage("check", env=env)
+    assert result.returncode != 0 and "SECRET_KEY must be set (or DEBUG=true" in result.stderr
+    env["SECRET_KEY"] = "y" * 60
+    shown = _manage("shell", "-c", "from django.conf import settings; print(settings.DEBUG, settings.ALLOWED_HOSTS)",
+                    env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip().splitlines()[-1] == "False ['localhost', '127.0.0.1']"

@@ -11,7 +11,7 @@ from django.db import connections
 from django.test import AsyncClient, Client
 
 from api.agent import views
-from console.core.asyncdb import LoopSlots
+from console.core.asyncdb import FairSlots
 from console.fleet.models import Node
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
 from tests.conftest import TEST_KIND
@@ -109,11 +109,11 @@ def test_tenants_read_their_telemetry_filtered_by_kind(world, fleet):
 @pytest.mark.django_db(transaction=True)
 async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(world, monkeypatch):
     fleet = await sync_to_async(make_fleet)(world.acme)
-    slots = LoopSlots(1)
+    slots = FairSlots(1)
     monkeypatch.setattr(views, "TELEMETRY_SLOTS", slots)
     client = AsyncClient()
     body = json.dumps({"seq": 7, "records": _records(2)})
-    async with slots():  # another batch is being stored
+    async with slots.within(world.globex.pk, 10):  # another organization's batch is being stored
         request = asyncio.ensure_future(client.post(
             "/api/v1/agent/telemetry", body, content_type="application/json",
             headers={"Authorization": f"Bearer {fleet.credential}"},
@@ -132,9 +132,9 @@ async def test_a_batch_waits_for_a_telemetry_slot_and_is_stored_once_one_frees(w
 async def test_a_batch_that_waits_too_long_for_a_slot_is_answered_503_and_not_stored(world, monkeypatch, settings):
     settings.LOCKSTEP = {**settings.LOCKSTEP, "TELEMETRY_QUEUE_WAIT_S": 0}
     fleet = await sync_to_async(make_fleet)(world.acme)
-    slots = LoopSlots(1)
+    slots = FairSlots(1)
     monkeypatch.setattr(views, "TELEMETRY_SLOTS", slots)
-    async with slots():
+    async with slots.within(world.globex.pk, 10):
         response = await AsyncClient().post(
             "/api/v1/agent/telemetry", json.dumps({"seq": 8, "records": _records(2)}),
             content_type="application/json", headers={"Authorization": f"Bearer {fleet.credential}"},

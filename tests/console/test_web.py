@@ -204,8 +204,12 @@ def test_an_operator_creates_an_enrollment_token_and_sees_the_install_command_on
     assert response.status_code == 201 and response["Cache-Control"] == "no-store"
     html = response.content.decode()
     command = re.search(r'<pre id="install-command">(.*?)</pre>', html).group(1)
-    match = re.fullmatch(r"curl -fsSL http://testserver/install\.sh \| sudo sh -s -- --token (lse_\S+)", command)
-    assert match, command
+    unattended = re.search(r'<pre id="install-command-token-file">(.*?)</pre>', html).group(1)
+    # The token is shown beside the lines, never in them (a command line is readable by every user).
+    assert command == "curl -fsSL http://testserver/install.sh | sudo sh"
+    assert unattended == "curl -fsSL http://testserver/install.sh | sudo sh -s -- --token-file /root/lockstep.token"
+    match = re.fullmatch(r"(lse_\S+)", re.search(r'<pre id="enrollment-token">(.*?)</pre>', html).group(1))
+    assert match
     token = EnrollmentToken.lookup(match.group(1))
     assert token is not None and token.cluster == cluster and token.max_uses == 3 and token.description == "rack 4"
     assert token.created_by == world.users["carol"] and match.group(1) not in (token.digest, token.key)

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ class Result:
 
 
 def run(argv: list[str], timeout: float = 240, env: dict | None = None, input: str | None = None) -> Result:
+    # A session of its own: no controlling terminal, so the installer never stops to ask for a token.
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, input=input,
+                          start_new_session=True,
                           env=env if env is not None else {"PATH": CLEAN_PATH, "LANG": "C.UTF-8"})
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
@@ -273,3 +276,16 @@ def wait_gone(pids, timeout: float = 20) -> None:
 
 def repo_file(*parts: str) -> Path:
     return ROOT.joinpath(*parts)
+
+
+_TOKENS = Path(tempfile.mkdtemp(prefix="lsi-tokens-"))
+
+
+def token_file(token: str) -> tuple[str, str]:
+    """`--token-file PATH` for a file (0600) that holds the token, as an operator's would: the
+    installer refuses a token in its command line."""
+    handle, path = tempfile.mkstemp(dir=_TOKENS, prefix="token-")
+    with os.fdopen(handle, "w") as fh:
+        fh.write(token + "\n")
+    return ("--token-file", path)
+

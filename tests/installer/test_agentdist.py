@@ -203,6 +203,9 @@ def test_without_wheels_the_console_explains_and_the_script_exits_21(client, set
     assert "the console cannot serve the agent package" in run.stderr and "build_agent_package --download" in run.stderr
     package = client.get("/agent/lockstep-agent-0.1.0.tar.gz")
     assert package.status_code == 503 and b"build_agent_package --download" in package.content
+    # Anonymous callers learn what to run, not the server's paths (issue 9, finding 10): those are logged.
+    for shown in (response.content.decode(), package.content.decode()):
+        assert str(tmp_path) not in shown and "/work/" not in shown and str(settings.BASE_DIR) not in shown
     with pytest.raises(CommandError, match="no wheel in"):
         call_command("build_agent_package")
 

@@ -7,14 +7,18 @@ agent runs under the installer's supervisor (no systemd here), inside the namesp
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import requests
 from django.utils import timezone
 
+from console.fleet.install_command import TOKEN_FILE
 from console.fleet.models import Cluster, EnrollmentToken
 from tests.factories import make_enrollment_token
 from tests.installer.installer_lib import (
@@ -24,6 +28,7 @@ from tests.installer.installer_lib import (
     pid_of,
     python_args,
     snapshot,
+    token_file,
     wait_gone,
 )
 from tests.integration.conftest import wait_until
@@ -52,7 +57,38 @@ def installer(console, *args: str) -> str:
 def enrollment(world, console, **fields) -> tuple[int, str, str]:
     cluster = api(world, console, "POST", "/clusters/", json={"name": "lsi-cluster"})
     answer = api(world, console, "POST", f"/clusters/{cluster['id']}/enrollment-tokens/", json=fields)
-    return cluster["id"], answer["token"], answer["install_command"]
+    return cluster["id"], answer["token"], answer["install_command_token_file"]
+
+
+class CommandLineWatch:
+    """Reads every process's command line (world-readable /proc/*/cmdline) until stopped, and
+    keeps those that hold `secret`: what any other user of the node could have read."""
+
+    def __init__(self, secret: str):
+        self.secret = secret.encode()
+        self.seen: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    raw = cmdline.read_bytes()
+                except OSError:
+                    continue
+                if self.secret in raw:
+                    self.seen.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+            self.scans += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def assert_untouched(node_ns, root, result) -> None:
@@ -65,11 +101,18 @@ def test_install_enrolls_the_node_rerun_changes_nothing_and_uninstall_removes_ev
 ):
     root = str(install_root)
     cluster_id, token, line = enrollment(world, ns_console, max_uses=1)
-    assert line == f"curl -fsSL {ns_console.url}/install.sh | sudo sh -s -- --token {token}"
+    assert line == f"curl -fsSL {ns_console.url}/install.sh | sudo sh -s -- --token-file {TOKEN_FILE}"
+    assert token not in line
+    # The operator's token file (here under the test's directory, not this machine's /root).
+    _, token_path = token_file(token)
+    line = line.replace(TOKEN_FILE, token_path)
 
-    # The line the console printed, as an operator pastes it (root already: no sudo here).
-    first = node_ns.sh(f"{line.replace('| sudo sh', '| sh')} {flags('--root', root, '--hostname', HOSTNAME)}")
+    # The line the console printed, as an operator pastes it (root already: no sudo here), while
+    # another user of the node reads every command line: the token is in none of them.
+    with CommandLineWatch(token.split(".", 1)[1]) as watch:
+        first = node_ns.sh(f"{line.replace('| sudo sh', '| sh')} {flags('--root', root, '--hostname', HOSTNAME)}")
     assert first.rc == 0, first
+    assert watch.scans > 0 and watch.seen == [], watch.seen
     assert "systemd is not running on this host: the agent runs under a small supervisor" in first.out, first
 
     def ready_node():
@@ -134,7 +177,7 @@ def test_install_enrolls_the_node_rerun_changes_nothing_and_uninstall_removes_ev
 def test_a_changed_setting_is_written_and_the_agent_restarted_once(world, ns_console, node_ns, install_root):
     root = str(install_root)
     _, token, _ = enrollment(world, ns_console)
-    first = node_ns.sh(installer(ns_console, "--token", token, "--root", root, "--hostname", HOSTNAME))
+    first = node_ns.sh(installer(ns_console, *token_file(token), "--root", root, "--hostname", HOSTNAME))
     assert first.rc == 0, first
     env_file = install_root / "etc/lockstep/agent.env"
     with env_file.open("a") as fh:  # an operator's own key survives re-runs
@@ -157,7 +200,7 @@ def test_a_changed_setting_is_written_and_the_agent_restarted_once(world, ns_con
 def test_a_wrong_token_exits_30_and_leaves_the_node_as_it_was(world, ns_console, node_ns, install_root):
     enrollment(world, ns_console)
     wrong = "lse_AAAAAAAAAAAA.not-the-secret-of-any-token"
-    result = node_ns.sh(installer(ns_console, "--token", wrong, "--root", str(install_root), "--hostname", HOSTNAME))
+    result = node_ns.sh(installer(ns_console, *token_file(wrong), "--root", str(install_root), "--hostname", HOSTNAME))
     assert result.rc == 30, result
     assert "enrollment_token_invalid" in result.err and "Copy the install line again" in result.err, result
     assert_untouched(node_ns, install_root, result)
@@ -166,7 +209,7 @@ def test_a_wrong_token_exits_30_and_leaves_the_node_as_it_was(world, ns_console,
 def test_an_expired_token_exits_30_and_leaves_the_node_as_it_was(world, ns_console, node_ns, install_root):
     cluster = Cluster.objects.create(organization=world.acme, name="lsi-expired")
     token = make_enrollment_token(cluster, expires=timezone.now() - timedelta(minutes=5))
-    result = node_ns.sh(installer(ns_console, "--token", token, "--root", str(install_root), "--hostname", HOSTNAME))
+    result = node_ns.sh(installer(ns_console, *token_file(token), "--root", str(install_root), "--hostname", HOSTNAME))
     assert result.rc == 30, result
     assert "enrollment_token_expired" in result.err and "Create a new enrollment token" in result.err, result
     assert_untouched(node_ns, install_root, result)
@@ -175,7 +218,7 @@ def test_an_expired_token_exits_30_and_leaves_the_node_as_it_was(world, ns_conso
 def test_an_unreachable_console_exits_20_and_leaves_the_node_as_it_was(world, ns_console, node_ns, install_root):
     _, token, _ = enrollment(world, ns_console)
     dead = f"http://{node_ns.host_ip}:9"  # nothing listens there: connection refused
-    result = node_ns.sh(installer(ns_console, "--token", token, "--console", dead, "--root", str(install_root)))
+    result = node_ns.sh(installer(ns_console, *token_file(token), "--console", dead, "--root", str(install_root)))
     assert result.rc == 20, result
     assert f"cannot reach the console to download {dead}/agent/" in result.err, result
     assert "Check the console URL and that this node can reach it" in result.err
@@ -187,7 +230,7 @@ def test_a_tampered_package_exits_22_and_leaves_the_node_as_it_was(
 ):
     _, token, _ = enrollment(world, ns_console)
     # The script comes from the console; the package (and a matching .sha256) from the proxy.
-    result = node_ns.sh(installer(ns_console, "--token", token, "--console", tamper_proxy.url,
+    result = node_ns.sh(installer(ns_console, *token_file(token), "--console", tamper_proxy.url,
                                   "--root", str(install_root)))
     assert result.rc == 22, result
     assert f"checksum mismatch: {node_package.filename}" in result.err, result
@@ -199,7 +242,7 @@ def test_a_tampered_package_exits_22_and_leaves_the_node_as_it_was(
 
 def test_a_dry_run_changes_nothing(world, ns_console, node_ns, install_root):
     _, token, _ = enrollment(world, ns_console)
-    result = node_ns.sh(installer(ns_console, "--token", token, "--dry-run", "--root", str(install_root),
+    result = node_ns.sh(installer(ns_console, *token_file(token), "--dry-run", "--root", str(install_root),
                                   "--hostname", HOSTNAME))
     assert result.rc == 0, result
     for step in ("would download", "would create the virtual environment", "would write", "would enroll",
@@ -208,3 +251,38 @@ def test_a_dry_run_changes_nothing(world, ns_console, node_ns, install_root):
     assert token not in result.out + result.err, "the dry run printed the token"
     assert_untouched(node_ns, install_root, result)
     assert EnrollmentToken.objects.get().uses == 0
+
+
+def test_a_token_alone_does_not_take_over_an_enrolled_node_its_own_credential_re_enrolls_it(
+    world, ns_console, node_ns, install_root, tmp_path
+):
+    # Issue 9, finding 1: the machine id is no secret (/etc/machine-id, the nodes API). A second
+    # installation (another root: another machine reporting the same machine id and host name)
+    # holding a token must not get the node, its credential or its commands.
+    root = str(install_root)
+    cluster_id, token, _ = enrollment(world, ns_console, max_uses=5)
+    first = node_ns.sh(installer(ns_console, *token_file(token), "--root", root, "--hostname", HOSTNAME))
+    assert first.rc == 0, first
+    credential = (install_root / "var/lib/lockstep/credential.json").read_text()
+    node = api(world, ns_console, "GET", f"/nodes/?cluster={cluster_id}")["results"][0]
+
+    impostor_root = tmp_path / "impostor"
+    impostor_root.mkdir()
+    impostor = node_ns.sh(installer(ns_console, *token_file(token), "--root", str(impostor_root),
+                                    "--hostname", HOSTNAME))
+    assert impostor.rc == 31, impostor
+    assert "node_already_enrolled" in impostor.err and "reset the node's credential" in impostor.err, impostor
+    assert leftovers(impostor_root) == []
+    assert (install_root / "var/lib/lockstep/credential.json").read_text() == credential  # still the node's
+
+    # The node itself re-enrolls: its current credential proves it.
+    again = node_ns.sh(installer(ns_console, *token_file(token), "--reenroll", "--root", root, "--hostname", HOSTNAME))
+    assert again.rc == 0, again
+    renewed = (install_root / "var/lib/lockstep/credential.json").read_text()
+    assert renewed != credential and json.loads(renewed)["node_id"] == node["id"]
+
+    # After an operator resets the node, a token enrolls it again (here: the other installation).
+    api(world, ns_console, "POST", f"/nodes/{node['id']}/reset-credential/")
+    taken = node_ns.sh(installer(ns_console, *token_file(token), "--root", str(impostor_root), "--hostname", HOSTNAME))
+    assert taken.rc == 0, taken
+    node_ns.sh(installer(ns_console, "--uninstall", "--root", str(impostor_root)))

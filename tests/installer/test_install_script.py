@@ -26,6 +26,7 @@ from tests.installer.installer_lib import (
     python_args,
     run,
     snapshot,
+    token_file,
     wait_gone,
 )
 from tests.integration.conftest import wait_until
@@ -81,7 +82,7 @@ def test_the_script_is_one_function_called_on_its_last_line(script):
 
 @needs_root
 def test_a_truncated_download_runs_nothing(script, install_root):
-    args = ("--token", TOKEN, "--root", str(install_root), "--dry-run")
+    args = (*token_file(TOKEN), "--root", str(install_root), "--dry-run")
     full = sh(script, *args)
     assert "lockstep: dry run" in full.out, full  # the whole script does act
     last = script.rindex('{ main "$@"; }')
@@ -106,7 +107,7 @@ def test_a_truncated_download_runs_nothing(script, install_root):
 def test_other_systems_and_architectures_are_refused(script, install_root, tmp_path, system, machine, code,
                                                      message):
     stub(tmp_path / "bin", "uname", f'case "$1" in -s) echo {system} ;; -m) echo {machine} ;; esac\n')
-    result = sh(script, "--token", TOKEN, "--root", str(install_root), path=f"{tmp_path / 'bin'}:{CLEAN_PATH}")
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root), path=f"{tmp_path / 'bin'}:{CLEAN_PATH}")
     assert result.rc == code and message in result.err, result
     assert leftovers(install_root) == []
 
@@ -116,7 +117,7 @@ def test_not_root_exits_13(script, install_root):
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("setpriv (util-linux) is not installed")
-    result = sh(script, "--token", TOKEN, "--root", str(install_root),
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root),
                 prefix=(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"))
     assert result.rc == 13, result
     assert "must run as root: pipe it to 'sudo sh -s -- ...'" in result.err
@@ -125,12 +126,12 @@ def test_not_root_exits_13(script, install_root):
 
 @needs_root
 def test_python_problems_exit_14_and_15(script, install_root, tmp_path):
-    result = sh(script, "--token", TOKEN, "--root", str(install_root), "--python", "/bin/false")
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root), "--python", "/bin/false")
     assert result.rc == 14 and "is not a Python 3.10 or newer" in result.err, result
     real = shutil.which("python3", path=CLEAN_PATH) or getattr(sys, "_base_executable", sys.executable)
     no_venv = stub(tmp_path / "bin", "python-no-venv",
                    f'for a; do case $a in *"import venv"*) exit 1 ;; esac; done\nexec {real} "$@"\n')
-    result = sh(script, "--token", TOKEN, "--root", str(install_root), "--python", str(no_venv))
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root), "--python", str(no_venv))
     assert result.rc == 15 and "has no venv module: install it (Debian/Ubuntu: apt-get install python3-venv)" \
         in result.err, result
     assert leftovers(install_root) == []
@@ -140,15 +141,18 @@ def test_python_problems_exit_14_and_15(script, install_root, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [(("--bogus",), "unknown option '--bogus'"),
-     (("--token",), "option --token needs a value"),
+     (("--token", TOKEN), "--token puts the enrollment token in the command line"),
+     (("--token=" + TOKEN,), "--token puts the enrollment token in the command line"),
+     (("--token-file",), "option --token-file needs a value"),
+     (("--token-file", "/nonexistent/token"), "--token-file '/nonexistent/token' is not a readable file"),
      (("--console", "ftp://x"), "is not a console URL"),
      (("--console", "http://x/'$(reboot)'"), "has characters a console URL does not have"),
-     (("--token", "lse_short.x"), "does not look like an enrollment token"),
+     (token_file("lse_short.x"), "does not look like an enrollment token"),
      (("--cluster", "seven"), "--cluster 'seven' must be a positive integer"),
      (("--hostname", "a b"), "is not a host name"),
      (("--init", "upstart"), "--init 'upstart' must be auto, systemd or supervisor"),
      (("--root", "relative/dir"), "must be an absolute path"),
-     (("--uninstall", "--token", TOKEN), "--uninstall takes no --token"),
+     (("--uninstall", *token_file(TOKEN)), "--uninstall takes no --token-file"),
      ((), "the node is not enrolled yet and no enrollment token was given")],
 )
 def test_usage_errors_exit_10(script, install_root, args, message):
@@ -164,7 +168,7 @@ def test_a_second_installer_waits_for_the_first(script, install_root):
     lock.mkdir(parents=True)
     (lock / "pid").write_text(f"{os.getpid()}\n")  # a live process holds it
     before = snapshot(install_root)
-    result = sh(script, "--token", TOKEN, "--root", str(install_root), *python_args())
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root), *python_args())
     assert result.rc == 17 and f"another run of this installer (pid {os.getpid()}) is in progress" in result.err
     assert snapshot(install_root) == before
 
@@ -174,7 +178,7 @@ def test_a_second_installer_waits_for_the_first(script, install_root):
 def test_a_refused_download_exits_21(loopback_console, agent_package, install_root):
     missing = replace(agent_package, filename="lockstep-agent-0.0.0.tar.gz")
     script = render_install_script(loopback_console.url, missing)
-    result = sh(script, "--token", TOKEN, "--root", str(install_root), *python_args())
+    result = sh(script, *token_file(TOKEN), "--root", str(install_root), *python_args())
     assert result.rc == 21, result
     assert "the console refused the download" in result.err and "build_agent_package" in result.err
     assert leftovers(install_root) == []
@@ -218,7 +222,7 @@ def test_with_systemd_the_unit_is_installed_enabled_and_restarted_only_on_change
         log.unlink(missing_ok=True)
         return [line for line in lines if not line.startswith("is-")]
 
-    first = sh(script, "--token", token, *args, path=path)
+    first = sh(script, *token_file(token), *args, path=path)
     assert first.rc == 0, first
     unit = (install_root / "etc/systemd/system/lockstep-agent.service").read_text()
     assert f"ExecStart={install_root}/opt/lockstep/venv/bin/python -m agent run --config " \
@@ -230,7 +234,7 @@ def test_with_systemd_the_unit_is_installed_enabled_and_restarted_only_on_change
     assert not (install_root / "opt/lockstep/supervise.sh").exists()
     before = snapshot(install_root)
 
-    again = sh(script, "--token", token, *args, path=path)
+    again = sh(script, *token_file(token), *args, path=path)
     assert again.rc == 0 and "lockstep-agent.service is running and nothing changed: not restarted" in again.out
     assert calls() == [] and snapshot(install_root) == before
 

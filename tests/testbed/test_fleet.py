@@ -48,7 +48,7 @@ def _running(n: int):
 
 
 def test_a_fleet_enrolls_answers_commands_and_its_counters_match_the_console(world, cluster, live_console):
-    token = make_enrollment_token(cluster)
+    token = make_enrollment_token(cluster, max_uses=None)  # a fleet of more nodes than the default uses
     api = {"Authorization": f"Bearer {world.token('carol')}"}
     with BackgroundFleet(_config(live_console, token, cluster)) as fleet:
         fleet.wait_for(_running(AGENTS), 120, f"{AGENTS} agents running")
@@ -109,7 +109,7 @@ def test_a_fleet_enrolls_answers_commands_and_its_counters_match_the_console(wor
 
 
 def test_a_restarted_fleet_reuses_its_credentials_and_continues_its_telemetry_seq(cluster, live_console, tmp_path):
-    token = make_enrollment_token(cluster)
+    token = make_enrollment_token(cluster, max_uses=None)  # a fleet of more nodes than the default uses
     state = str(tmp_path / "fleet-state.json")
     config = _config(live_console, token, cluster, agents=3, state_file=state)
     for run in (1, 2):
@@ -131,7 +131,7 @@ def test_agents_stop_when_refused_and_a_retired_node_stops_only_its_own_agent(wo
     assert snap["totals"]["errors"] == {"enroll:401": 3}
     assert not Node.objects.filter(cluster=cluster).exists()
 
-    token = make_enrollment_token(cluster)
+    token = make_enrollment_token(cluster, max_uses=None)  # a fleet of more nodes than the default uses
     api = {"Authorization": f"Bearer {world.token('alice')}"}
     with BackgroundFleet(_config(live_console, token, cluster, agents=3, telemetry_every_s=None)) as fleet:
         fleet.wait_for(_running(3), 60, "3 agents running")

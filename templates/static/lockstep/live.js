@@ -319,6 +319,10 @@
   }
 
   var map = document.getElementById("fabric-map");
+  if (map) {  // sizes from the drawing (data attributes: the page's CSP allows no style attributes)
+    map.style.minWidth = map.dataset.minWidth + "px";
+    map.style.maxWidth = map.dataset.maxWidth + "px";
+  }
   if (map && details) {
     map.addEventListener("click", function (e) {
       var el = e.target.closest("[data-kind]");

@@ -57,7 +57,8 @@ def serve(host: str, port: int, also_listen=(), beat: bool = True) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))
     config = uvicorn.Config("console.asgi:application", lifespan="off", log_config=None,
-                            access_log=False, timeout_graceful_shutdown=5)
+                            access_log=False, timeout_graceful_shutdown=5,
+                            ws_max_size=64 * 1024)  # browsers send only small subscribe messages
     try:
         Server(config).run(sockets=sockets)
     finally:
