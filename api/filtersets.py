@@ -6,6 +6,7 @@ from datetime import timezone as dt_timezone
 
 import django_filters as filters
 from django import forms
+from django.db import models
 from rest_framework import exceptions
 from rest_framework.filters import OrderingFilter
 
@@ -19,9 +20,22 @@ from console.telemetry.models import TelemetryRecord
 from console.tenancy.models import ApiToken, Membership, Role
 
 
+class IntegerFilter(filters.NumberFilter):
+    """A whole number: django-filter's NumberFilter takes any decimal (`?version=2.2e-313`)."""
+
+    field_class = forms.IntegerField
+
+
 class StrictFilterSet(filters.FilterSet):
     """A filter that takes one value is given one, and a value: `?cluster=1&cluster=2` and
     `?cluster=` are a 400 naming the parameter (django-filter would use the last, or none)."""
+
+    FILTER_DEFAULTS = {
+        **filters.FilterSet.FILTER_DEFAULTS,
+        **{field: {"filter_class": IntegerFilter} for field in (
+            models.IntegerField, models.BigIntegerField, models.SmallIntegerField, models.PositiveIntegerField,
+            models.PositiveBigIntegerField, models.PositiveSmallIntegerField)},
+    }
 
     def is_valid(self):
         valid = super().is_valid()
@@ -160,7 +174,7 @@ class TelemetryRecordFilterSet(StrictFilterSet):
         fields = ["cluster", "node", "kind", "since", "until"]
 
 
-class AuditRunFilterSet(filters.FilterSet):
+class AuditRunFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=RunState.choices)
     verdict = filters.MultipleChoiceFilter(choices=Verdict.choices)
 
@@ -169,13 +183,13 @@ class AuditRunFilterSet(filters.FilterSet):
         fields = ["cluster", "state", "verdict", "trigger"]
 
 
-class ClockSyncFilterSet(filters.FilterSet):
+class ClockSyncFilterSet(StrictFilterSet):
     class Meta:
         model = ClockSync
         fields = ["cluster", "running"]
 
 
-class NodeClockFilterSet(filters.FilterSet):
+class NodeClockFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=ClockState.choices)
 
     class Meta:
@@ -183,13 +197,13 @@ class NodeClockFilterSet(filters.FilterSet):
         fields = ["cluster", "node", "state"]
 
 
-class PairEstimateFilterSet(filters.FilterSet):
+class PairEstimateFilterSet(StrictFilterSet):
     class Meta:
         model = PairEstimate
         fields = ["cluster", "node", "peer", "flagged"]
 
 
-class JobFilterSet(filters.FilterSet):
+class JobFilterSet(StrictFilterSet):
     name = filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -197,36 +211,36 @@ class JobFilterSet(filters.FilterSet):
         fields = ["organization", "cluster", "node", "name"]
 
 
-class JobCaptureFilterSet(filters.FilterSet):
+class JobCaptureFilterSet(StrictFilterSet):
     class Meta:
         model = JobCapture
         fields = ["cluster", "job", "kind"]
 
 
-class WeightVersionFilterSet(filters.FilterSet):
+class WeightVersionFilterSet(StrictFilterSet):
     class Meta:
         model = WeightVersion
         fields = ["cluster", "job", "publisher", "version"]
 
 
-class PathEventFilterSet(filters.FilterSet):
+class PathEventFilterSet(StrictFilterSet):
     class Meta:
         model = PathEvent
         fields = ["cluster", "node", "kind", "comm"]
 
 
-class IncidentFilterSet(filters.FilterSet):
+class IncidentFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=IncidentState.choices)
     culprit = filters.CharFilter(help_text="The culprit element's name (a link id, switch, NIC or host).")
-    since = filters.IsoDateTimeFilter(field_name="last_seen", lookup_expr="gte", help_text="Last seen at or after.")
-    until = filters.IsoDateTimeFilter(field_name="first_seen", lookup_expr="lte", help_text="First seen at or before.")
+    since = StrictIsoDateTimeFilter(field_name="last_seen", lookup_expr="gte", help_text="Last seen at or after.")
+    until = StrictIsoDateTimeFilter(field_name="first_seen", lookup_expr="lte", help_text="First seen at or before.")
 
     class Meta:
         model = Incident
         fields = ["cluster", "state", "kind", "culprit", "network_ok"]
 
 
-class ProbeWindowFilterSet(filters.FilterSet):
+class ProbeWindowFilterSet(StrictFilterSet):
     state = filters.MultipleChoiceFilter(choices=WindowState.choices)
 
     class Meta:
@@ -234,7 +248,7 @@ class ProbeWindowFilterSet(filters.FilterSet):
         fields = ["cluster", "state", "network_ok"]
 
 
-class ProbePlanFilterSet(filters.FilterSet):
+class ProbePlanFilterSet(StrictFilterSet):
     class Meta:
         model = ProbePlan
         fields = ["cluster"]

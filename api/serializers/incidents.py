@@ -12,8 +12,8 @@ class IncidentEventSerializer(serializers.ModelSerializer):
 
 
 class IncidentSerializer(serializers.ModelSerializer):
-    acknowledged_by = serializers.CharField(source="acknowledged_by.username", read_only=True, default=None)
-    resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, default=None)
+    acknowledged_by = serializers.CharField(source="acknowledged_by.username", read_only=True, allow_null=True, default=None)
+    resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = Incident

@@ -219,6 +219,7 @@ def invitations(request):
     return render(request, "web/invitations.html", {"invitations": tenancy.invitations_for(request.user)})
 
 
+@tenant_view
 @require_GET
 def incident(request, pk: int, incident_pk: int):
     cluster = _cluster_or_404(request, pk)
