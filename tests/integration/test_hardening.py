@@ -163,7 +163,8 @@ def _enroll(base: str, token: str, hostname: str) -> str:
 def _batch(seq: int, records: int) -> bytes:
     now = datetime.now(timezone.utc).isoformat()
     return json.dumps({"seq": seq, "records": [
-        {"kind": "event.job.heartbeat", "ts": now, "data": {"pad": "x" * 900, "i": i}} for i in range(records)
+        {"kind": "event.job.heartbeat", "ts": now, "data": {"job": "padded", "generation": i, "pad": "x" * 900}}
+        for i in range(records)
     ]}).encode()
 
 

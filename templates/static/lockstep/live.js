@@ -10,6 +10,7 @@
 (function () {
   "use strict";
   var POLL_MS = 5000;
+  var SUBSCRIBE_TIMEOUT_MS = 5000;
   var DEBOUNCE_MS = 300;
   var HEALTH = ["health-ok", "health-degraded", "health-down", "health-unknown"];
   var KIND_LABEL = { node: "host", switch: "switch", nic: "NIC", link: "cable", bundle: "cable bundle", group: "group" };
@@ -237,10 +238,20 @@
       return;
     }
     var ws = socket;
+    // A socket that a proxy or a policy swallows may never open nor close: give it a few
+    // seconds to subscribe, then poll and try again later.
+    var stalled = setTimeout(function () {
+      if (ws !== socket) return;
+      socket = null;
+      ws.onclose = null;
+      try { ws.close(); } catch (e) { /* already failed */ }
+      reconnectLater();
+    }, SUBSCRIBE_TIMEOUT_MS);
     ws.onopen = function () { ws.send(JSON.stringify({ subscribe: groups })); };
     ws.onmessage = function (e) {
       var message = JSON.parse(e.data);
       if (message.type === "subscribed") {
+        clearTimeout(stalled);
         backoff = 1000;
         stopPolling();
         setIndicator("live", "live");
@@ -250,6 +261,7 @@
       }
     };
     ws.onclose = function () {
+      clearTimeout(stalled);
       if (ws !== socket) return;
       socket = null;
       reconnectLater();
