@@ -8,7 +8,8 @@ socket is full; a partial write closes the connection (the next event reconnects
 never sees half a line.
 
 Kinds emitted by the orchestrator: ``job.heartbeat`` (every ``heartbeat_s``: per-rank step and
-step time), ``job.rank_lost``, ``job.migration_started``, ``job.migration_finished``.
+step time), ``job.rank_lost``, ``job.migration_started``, ``job.migration_finished``,
+``job.snapshot``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 
 DEFAULT_SOCKET = "/run/lockstep/agent.sock"
 # The kinds the console registers (docs/agent-protocol.md); the journal keeps others (job.failed).
-AGENT_KINDS = frozenset({"job.heartbeat", "job.rank_lost", "job.migration_started", "job.migration_finished"})
+AGENT_KINDS = frozenset({"job.heartbeat", "job.rank_lost", "job.migration_started", "job.migration_finished",
+                         "job.snapshot"})
 MAX_LINE = 64 * 1024
 
 
