@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# How far apart the survivors' completed collectives may be for a recovery: every rank keeps the
+# inputs of this many completed ops (lockstep/runtime/group.py) to re-run them. One is the common
+# case; a buffer broadcast's root, or a rank whose completion the failure cut off, makes it more.
+RERUN_WINDOW = 3
+
 
 class Unrecoverable(Exception):
     """The job cannot be carried on; the message says why, in a sentence for the user."""
@@ -70,7 +75,8 @@ class RecoveryPlan:
 def plan_recovery(generation: int, survivors: list[SurvivorReport], lost: dict[int, int | None]) -> RecoveryPlan:
     """``lost`` maps each lost rank to the step of its last boundary replica (None: it never
     finished a step). The invariant behind the plan (see runtime/group.py): collectives run one
-    at a time, so the survivors' completed sequence numbers differ by at most one per group."""
+    at a time, so the survivors' completed sequence numbers differ by a few per group at most,
+    and each survivor can re-run its last ``RERUN_WINDOW``."""
     if not survivors:
         raise Unrecoverable("every rank was lost at once: no data-parallel replica holds the model state")
     group_ids = sorted(set().union(*(s.groups.keys() for s in survivors)))
@@ -86,9 +92,10 @@ def plan_recovery(generation: int, survivors: list[SurvivorReport], lost: dict[i
                                     "point-to-point traffic cannot be replayed")
         seqs = [p.done_seq for _, p in progs]
         lo, hi = min(seqs), max(seqs)
-        if hi - lo > 1:
+        if hi - lo > RERUN_WINDOW:
             raise Unrecoverable(f"survivors of group {gid!r} are {hi - lo} collectives apart "
-                                f"(completed sequence numbers {sorted(set(seqs))}); at most one is recoverable")
+                                f"(completed sequence numbers {sorted(set(seqs))}); at most {RERUN_WINDOW} "
+                                "are recoverable")
         slowest = next(p for _, p in progs if p.done_seq == lo)
         live_after[gid] = list(slowest.done_key) if slowest.done_key else None
         rerun[gid] = lo + 1

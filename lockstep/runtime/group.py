@@ -14,12 +14,14 @@ replacement that re-runs the script line its collectives up with the group's his
 
 Recovery needs three things from each op, kept at the cost of one copy of its inputs:
 
-* the inputs of the op in flight and of the last completed one are saved, because the backend
-  reduces in place and a collective broken half-way leaves partial sums behind;
-* the backend runs one collective at a time (gloo with one thread), so when any rank has
-  completed op ``k`` every rank has completed ``k - 1``: the survivors' progress differs by at
-  most one op, and re-running from the slowest survivor's position (completers discard the
-  repeated result) gives every rank the bits a failure-free run would have produced;
+* the inputs of the ops in flight and of the last ``RERUN_WINDOW`` completed ones are saved,
+  because the backend reduces in place and a collective broken half-way leaves partial sums
+  behind;
+* the backend runs one collective at a time (gloo with one thread), so the survivors' progress
+  differs by a few ops at most: usually one, more when a rooted op (a buffer broadcast) lets its
+  root run ahead or a rank's completion was cut off by the failure. Re-running from the slowest
+  survivor's position (completers discard the repeated results) gives every rank the bits a
+  failure-free run would have produced;
 * results of collectives that are not gradient buckets (buffer broadcasts, a user's metric
   all-reduce, anything whose value can steer the computation) are logged for the current
   interval, and for interval 0 and DDP's bucket rebuild permanently, so a replacement
@@ -40,6 +42,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
+
+from lockstep.orchestrator.core import RERUN_WINDOW
 
 # A collective key: (interval, index within the interval).
 Key = tuple[int, int]
@@ -134,7 +138,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._index = 0
         self._inflight: collections.deque[_Op] = collections.deque()
         self._queued: list[_Op] = []  # issued while the generation is broken
-        self._last_done: _Op | None = None
+        self._done_recent: collections.deque[_Op] = collections.deque(maxlen=RERUN_WINDOW)  # inputs kept
         self.done_seq = 0
         self.done_key: Key | None = None
         self.interval_log: dict[Key, list[torch.Tensor]] = {}
@@ -252,9 +256,9 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 self._inflight.popleft()
             self.done_seq = op.seq
             self.done_key = op.key
-            if self._last_done is not None:
-                self._last_done.saved = None
-            self._last_done = op
+            if len(self._done_recent) == RERUN_WINDOW:
+                self._done_recent[0].saved = None
+            self._done_recent.append(op)
             if not op.grad:
                 self._log_result(op)
         op.future.set_result(op.value)
@@ -321,7 +325,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 "group": self.group_id,
                 "done_seq": self.done_seq,
                 "done_key": list(self.done_key) if self.done_key else None,
-                "last_done_saved": self._last_done is not None and self._last_done.saved is not None,
+                "last_done_saved": bool(self._done_recent) and self._done_recent[-1].saved is not None,
                 "inflight": [[op.seq, list(op.key), op.kind] for op in self._inflight],
                 "queued": [[op.seq, list(op.key), op.kind] for op in self._queued],
                 "unprotected": sorted(self.unprotected_ops),
@@ -345,16 +349,14 @@ class ResilientProcessGroup(dist.ProcessGroup):
             rerun = list(self._inflight) + self._queued
             self._queued = []
             self._inflight = collections.deque(rerun)
-            repeat = None
-            if rerun_from_seq is not None and self._last_done is not None and self._last_done.seq >= rerun_from_seq:
-                repeat = self._last_done
+            repeat = [op for op in self._done_recent if rerun_from_seq is not None and op.seq >= rerun_from_seq]
             for op in rerun:
                 if op.restore is not None:
                     op.restore()
             self._broken = False
             # Launching under the lock keeps ops issued meanwhile behind the re-runs.
-            if repeat is not None:
-                self._launch(repeat, gen, discard=True)
+            for op in repeat:
+                self._launch(op, gen, discard=True)
             for op in rerun:
                 self._launch(op, gen)
 
@@ -397,7 +399,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 self._resume_seq = resume_seq
                 self.done_seq = resume_seq - 1
                 self.done_key = live_after
-                self._last_done = None
+                self._done_recent.clear()
         self._adopt(generation, self._factory(generation), replacement=True)
 
     def fail(self, message: str):

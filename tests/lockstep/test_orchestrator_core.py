@@ -32,9 +32,17 @@ def test_a_donor_still_at_the_lost_ranks_boundary_comes_first():
     assert set(plan.donors[2]) == {"a", "b", "c"}
 
 
-def test_survivors_further_apart_than_one_collective_are_refused():
-    with pytest.raises(core.Unrecoverable, match="2 collectives apart"):
-        core.plan_recovery(1, [survivor(0, 5, 10, (5, 0)), survivor(1, 5, 12, (5, 2))], {2: 5})
+def test_survivors_two_collectives_apart_rerun_from_the_slowest():
+    # a buffer broadcast's root ran ahead of a survivor whose completion the failure cut off
+    plan = core.plan_recovery(1, [survivor(0, 5, 12, (5, 2)), survivor(1, 5, 10, (5, 0))], {2: 5})
+    assert plan.rerun_from_seq == {"default": 11}
+    assert plan.live_after == {"default": [5, 0]}
+
+
+def test_survivors_further_apart_than_the_rerun_window_are_refused():
+    gap = core.RERUN_WINDOW + 1
+    with pytest.raises(core.Unrecoverable, match=f"{gap} collectives apart"):
+        core.plan_recovery(1, [survivor(0, 5, 10, (5, 0)), survivor(1, 5, 10 + gap, (5, gap))], {2: 5})
 
 
 def test_a_lost_rank_whose_last_replica_is_too_old_is_refused():
