@@ -39,6 +39,19 @@ def _test_settings(settings):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_local_cache():
+    """Throttles kept in the cache are keyed by row ids, which SQLite hands out again after a
+    test's rollback: a previous test's key must not throttle this one. (Redis, shared with the
+    live-server tests' processes, is left alone; PostgreSQL never reuses an id.)"""
+    yield
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()
+
+
+@pytest.fixture(autouse=True)
 def _test_body_unscoped():
     """The test itself arranges and inspects rows of every organization. What it exercises still
     starts closed and enters its own scope: every HTTP request (middleware), agent request,
