@@ -26,6 +26,29 @@ class IntegerFilter(filters.NumberFilter):
     field_class = forms.IntegerField
 
 
+class StrictBooleanField(forms.NullBooleanField):
+    """`true`/`false` (or 1/0): django-filter's boolean takes any other value as "not given"."""
+
+    widget = forms.TextInput  # the select widget would turn an unknown value into None first
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        text = str(value).lower()
+        if text in ("true", "1"):
+            return True
+        if text in ("false", "0"):
+            return False
+        raise forms.ValidationError(f"{value!r} is not true or false")
+
+    def validate(self, value):
+        pass
+
+
+class StrictBooleanFilter(filters.BooleanFilter):
+    field_class = StrictBooleanField
+
+
 class StrictFilterSet(filters.FilterSet):
     """A filter that takes one value is given one, and a value: `?cluster=1&cluster=2` and
     `?cluster=` are a 400 naming the parameter (django-filter would use the last, or none)."""
@@ -35,6 +58,7 @@ class StrictFilterSet(filters.FilterSet):
         **{field: {"filter_class": IntegerFilter} for field in (
             models.IntegerField, models.BigIntegerField, models.SmallIntegerField, models.PositiveIntegerField,
             models.PositiveBigIntegerField, models.PositiveSmallIntegerField)},
+        models.BooleanField: {"filter_class": StrictBooleanFilter},
     }
 
     def is_valid(self):

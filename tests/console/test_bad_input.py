@@ -112,6 +112,17 @@ def test_ordering_by_a_field_that_is_not_a_column_names_the_parameter(world, fle
     assert _owner(world).get(path, {"ordering": f"-{column}"}).status_code == 200
 
 
+@pytest.mark.parametrize(("path", "name"), [
+    ("/api/v1/probe-windows/", "network_ok"), ("/api/v1/incidents/", "network_ok"),
+    ("/api/v1/clock-syncs/", "running"), ("/api/v1/clock-pairs/", "flagged"),
+])
+@pytest.mark.parametrize("value", ["-8035", "maybe", "yes"])
+def test_a_boolean_filter_takes_true_or_false_and_names_anything_else(world, fleet, path, name, value):
+    _refused(_owner(world).get(path, {name: value}), name)
+    assert _owner(world).get(path, {name: "true"}).status_code == 200
+    assert _owner(world).get(path, {name: "false"}).status_code == 200
+
+
 # --- clusters ------------------------------------------------------------------------------------
 
 
