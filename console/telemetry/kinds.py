@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from console.core import limits
 from console.core.errors import Invalid
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def number(low: float | None = None, high: float | None = None) -> Check:
     return check
 
 
-def integer(low: int | None = None, high: int | None = 2**63 - 1) -> Check:
+def integer(low: int | None = None, high: int | None = limits.JSON_INT_RANGE[1]) -> Check:
     def check(value, path):
         if isinstance(value, bool) or not isinstance(value, int):
             raise KindInvalid(path, f"must be an integer, got {value!r}")
@@ -215,8 +216,9 @@ def text(max_length: int) -> Check:
             raise KindInvalid(path, f"must be a string, got {value!r}")
         if len(value) > max_length:
             raise KindInvalid(path, f"is {len(value)} characters long; at most {max_length}")
-        if "\x00" in value:
-            raise KindInvalid(path, "contains a NUL character")
+        problem = limits.text_problem(value)
+        if problem:
+            raise KindInvalid(path, problem)
         return value
     return check
 
@@ -251,8 +253,8 @@ def bounded(max_bytes: int = 16 * 1024, max_depth: int = 6, max_keys: int = 64, 
             if len(value) > max_keys:
                 raise KindInvalid(path, f"has {len(value)} keys; at most {max_keys}")
             for key, item in value.items():
-                if len(key) > 128 or "\x00" in key:
-                    raise KindInvalid(path, f"has a key longer than 128 characters or with a NUL: {key[:40]!r}")
+                if len(key) > 128 or limits.text_problem(key):
+                    raise KindInvalid(path, f"has a key longer than 128 characters or not storable: {key[:40]!r}")
                 walk(item, _path(path, key), depth + 1)
         elif isinstance(value, list):
             if len(value) > max_items:
@@ -263,7 +265,8 @@ def bounded(max_bytes: int = 16 * 1024, max_depth: int = 6, max_keys: int = 64, 
             text(max_string)(value, path)
         elif isinstance(value, float) and not math.isfinite(value):
             raise KindInvalid(path, f"must be a finite number, got {value!r}")
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        elif isinstance(value, int) and not isinstance(value, bool) and not (
+                limits.JSON_INT_RANGE[0] <= value <= limits.JSON_INT_RANGE[1]):
             raise KindInvalid(path, "is an integer beyond 64 bits")
 
     def check(value, path):

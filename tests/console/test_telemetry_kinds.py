@@ -162,3 +162,11 @@ def test_a_feature_replaces_a_generic_event_kind_keeping_its_handlers(monkeypatc
         kinds.register(kinds.TelemetryKind("event.job.rank_lost", "again", validate=kinds.shape({})))
     with pytest.raises(kinds.UnknownKind):
         kinds.handler("no.such.kind")
+
+
+@pytest.mark.parametrize(("value", "problem"), [("a\x00b", "NUL"), ("a\ud800b", "unpaired surrogate")])
+def test_kind_text_is_refused_when_it_cannot_be_stored_as_the_columns_refuse_it(value, problem):
+    with pytest.raises(kinds.KindInvalid, match=problem):
+        kinds.text(64)(value, "data.name")
+    with pytest.raises(kinds.KindInvalid, match=problem):
+        kinds.bounded()({"name": value}, "data")
