@@ -20,19 +20,11 @@ _failed = kinds.shape({"peer": _NAME, "error": kinds.text(300)}, required=("peer
                       limits=kinds.bounded(max_bytes=1024))
 
 
-def _object(validate):
-    def check(value, path):
-        try:
-            return validate(value)
-        except kinds.KindInvalid as exc:
-            raise kinds.KindInvalid(f"{path}.{exc.field}" if exc.field else path, exc.problem) from None
-    return check
-
 
 CLOCK_ESTIMATE = kinds.shape(
     {"format": kinds.text(64), "node": _NAME, "t_ref_ns": kinds.integer(1), "window_s": kinds.number(0, 3600),
-     "timestamping": kinds.text(16), "pairs": kinds.list_of(_object(_pair), MAX_PAIRS),
-     "failed": kinds.list_of(_object(_failed), MAX_PAIRS), "synced": kinds.boolean(),
+     "timestamping": kinds.text(16), "pairs": kinds.list_of(kinds.nested(_pair), MAX_PAIRS),
+     "failed": kinds.list_of(kinds.nested(_failed), MAX_PAIRS), "synced": kinds.boolean(),
      "applied_offset_ns": kinds.number(-3600e9, 3600e9), "applied_sigma_ns": kinds.number(0)},
     required=("node", "t_ref_ns", "pairs"),
     limits=kinds.bounded(max_bytes=64 * 1024, max_items=MAX_PAIRS),

@@ -19,23 +19,6 @@ from console.telemetry.kinds import StoredRecords, TelemetryKind
 JOB_NAME = kinds.text(64)
 
 
-def _object(validate):
-    def check(value, path):
-        try:
-            return validate(value)
-        except kinds.KindInvalid as exc:
-            raise kinds.KindInvalid(f"{path}.{exc.field}" if exc.field else path, exc.problem) from None
-    return check
-
-
-def _mapping(item: kinds.Check, max_keys: int) -> kinds.Check:
-    def check(value, path):
-        if not isinstance(value, dict):
-            raise kinds.KindInvalid(path, "must be an object")
-        if len(value) > max_keys:
-            raise kinds.KindInvalid(path, f"has {len(value)} keys; at most {max_keys}")
-        return {k: item(v, f"{path}.{k}") for k, v in value.items()}
-    return check
 
 
 _RANK = kinds.shape({"rank": kinds.integer(0, 1 << 20), "step": kinds.integer(0), "step_time_s": kinds.number(0),
@@ -54,7 +37,7 @@ NCCL_SWITCH = kinds.shape(
 VALIDATORS = {
     # A heartbeat carries every rank: the local socket's 64 KiB line is its bound.
     "job.heartbeat": kinds.shape(
-        {"job": JOB_NAME, "generation": kinds.integer(0), "ranks": kinds.list_of(_object(_RANK), 1024)},
+        {"job": JOB_NAME, "generation": kinds.integer(0), "ranks": kinds.list_of(kinds.nested(_RANK), 1024)},
         required=("job",), limits=kinds.bounded(max_bytes=64 * 1024, max_items=1024)),
     "job.snapshot": kinds.shape(
         {"job": JOB_NAME, "id": kinds.text(64), "step": kinds.integer(0), "bytes": kinds.integer(0),
@@ -68,8 +51,8 @@ VALIDATORS = {
         limits=EVENT_LIMITS),
     "weights.version": kinds.shape(
         {"job": JOB_NAME, "publisher": kinds.text(64), "version": kinds.integer(0), "bytes": kinds.integer(0),
-         "duration_s": kinds.number(0), "replicas": _mapping(kinds.text(300), 128),
-         "holders": _mapping(_object(_HOLDER), 128)},
+         "duration_s": kinds.number(0), "replicas": kinds.mapping_of(kinds.text(300), 128),
+         "holders": kinds.mapping_of(kinds.nested(_HOLDER), 128)},
         limits=EVENT_LIMITS),
     "nccl.failover": NCCL_SWITCH,
     "nccl.failback": NCCL_SWITCH,

@@ -18,14 +18,6 @@ _nic = kinds.shape({"device": kinds.text(64), "link_state": kinds.text(16), "rx_
                     "tx_errors": kinds.integer(0)}, limits=kinds.bounded(max_bytes=4096))
 
 
-def _object(validate):
-    def check(value, path):
-        try:
-            return validate(value)
-        except kinds.KindInvalid as exc:
-            raise kinds.KindInvalid(f"{path}.{exc.field}" if exc.field else path, exc.problem) from None
-    return check
-
 
 NODE_HEALTH = kinds.shape(
     {
@@ -33,8 +25,8 @@ NODE_HEALTH = kinds.shape(
         "memory_available_bytes": kinds.integer(0),
         "disk_free_bytes": kinds.integer(0),
         "uptime_s": kinds.number(0),
-        "gpus": kinds.list_of(_object(_gpu), 1024),
-        "nics": kinds.list_of(_object(_nic), 1024),
+        "gpus": kinds.list_of(kinds.nested(_gpu), 1024),
+        "nics": kinds.list_of(kinds.nested(_nic), 1024),
         "ok": kinds.boolean(),
         "problems": kinds.list_of(kinds.text(1000), 200),
     },

@@ -241,6 +241,27 @@ def list_of(item: Check, max_items: int) -> Check:
     return check
 
 
+def nested(validate: Validator) -> Check:
+    """A Check of an object with its own validator (a `shape`), its errors named under `path`."""
+    def check(value, path):
+        try:
+            return validate(value)
+        except KindInvalid as exc:
+            raise KindInvalid(f"{path}.{exc.field}" if exc.field else path, exc.problem) from None
+    return check
+
+
+def mapping_of(item: Check, max_keys: int) -> Check:
+    """An object whose values each pass `item` (keys are the caller's names: hosts, replicas)."""
+    def check(value, path):
+        if not isinstance(value, dict):
+            raise KindInvalid(path, "must be an object")
+        if len(value) > max_keys:
+            raise KindInvalid(path, f"has {len(value)} keys; at most {max_keys}")
+        return {k: item(v, _path(path, k)) for k, v in value.items()}
+    return check
+
+
 def bounded(max_bytes: int = 16 * 1024, max_depth: int = 6, max_keys: int = 64, max_items: int = 256,
             max_string: int = 4096) -> Check:
     """Any JSON object within bounds: size, nesting, keys per object, list length, string length;
