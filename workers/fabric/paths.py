@@ -505,6 +505,7 @@ class Incidence:
         self.npaths[~known] = (sw_n + direct_count)[~known]
         self.reachable = self.hops >= 0
         self._dag_list: list | None = None
+        self._flow: list | None = None
 
     def _walk_known(self, rows: np.ndarray, paths: Sequence[Sequence[str] | None]):
         """Validate and expand known paths: (pair, link, forward, switch_pair, switch) arrays."""
@@ -795,6 +796,30 @@ class Incidence:
             self._dag_list = out
         return self._dag_list
 
+    def _flow_steps(self) -> list[tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]]:
+        """Per destination root of switched legs: (cnt_b, legs, steps), steps the layers of its
+        DAG from the farthest in, each as (edges, tails, heads) restricted to the edges whose
+        tail a leg of this Incidence can reach (the others never carry flow: on a three-tier
+        fabric about half of them). Computed once per Incidence."""
+        if self._flow is None:
+            idx = self.index
+            out = []
+            for _b, cnt_b, layers, legs in self._dags():
+                reach = np.zeros(idx._n_sw, dtype=bool)
+                reach[self.leg_a[legs]] = True
+                steps = []
+                for k in range(len(layers) - 1, 0, -1):
+                    e = layers[k]
+                    e = e[reach[idx._e_tail[e]]]
+                    if e.size == 0:
+                        continue
+                    h = idx._e_head[e]
+                    reach[h] = True
+                    steps.append((e, idx._e_tail[e], h))
+                out.append((cnt_b, legs, steps))
+            self._flow = out
+        return self._flow
+
     def loads(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(link a->b, link b->a, switch) loads: per element, sum over pairs of weight x fraction.
 
@@ -831,8 +856,7 @@ class Incidence:
         # switch-switch links and switches: flow DP per destination root, one weight column at a
         # time (one-dimensional gathers and bincounts are the fastest numpy has here)
         edge_load = np.zeros((m_cols, len(idx._e_link)))
-        e_tail, e_head = idx._e_tail, idx._e_head
-        for _b, cnt_b, layers, legs in self._dags():
+        for cnt_b, legs, steps in self._flow_steps():
             base = self.leg_w[legs] / self.leg_n[legs]
             leg_a = self.leg_a[legs]
             for c in range(m_cols):
@@ -841,11 +865,7 @@ class Incidence:
                     continue
                 flow = np.bincount(leg_a, weights=lw, minlength=n_sw)
                 load = edge_load[c]
-                for k in range(len(layers) - 1, 0, -1):
-                    e = layers[k]
-                    if e.size == 0:
-                        continue
-                    t, h = e_tail[e], e_head[e]
+                for e, t, h in steps:
                     ft = flow[t]
                     load[e] += ft * cnt_b[h]
                     flow += np.bincount(h, weights=ft, minlength=n_sw)

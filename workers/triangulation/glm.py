@@ -585,14 +585,62 @@ class SparseGLM:
         own = self.family
         self.family = proxy
         try:
-            _, g = self.best_theta(cand, eta=eta, need=need)
+            score = self._proxy_scores(cand, shortlist, eta, need)
         finally:
             self.family = own
-        top = np.argsort(-(g - self.pen[cand]), kind="stable")[:shortlist]
+        top = np.argsort(-score, kind="stable")[:shortlist]
         th = np.zeros(len(cand))
         gain = np.zeros(len(cand))
         th[top], gain[top] = self.best_theta(cand[top], eta=eta)
         return th, gain
+
+    def _proxy_scores(self, cand: np.ndarray, shortlist: int, eta, need) -> np.ndarray:
+        """gain - pen of the (concave) family for every candidate that can be among the
+        `shortlist` best, -inf for the others. Concavity bounds each gain by hi x dLL/dtheta(0)
+        (one pass over the entries); the searches run best bound first and stop once the
+        shortlist's worst exceeds every bound left, so the shortlist is the one every search
+        would give."""
+        ub = self._gain_bounds(cand, eta, need)
+        pen = self.pen[cand]
+        score = np.full(len(cand), -np.inf)
+        zero = ub <= 0  # no search: the gain is 0
+        score[zero] = -pen[zero]
+        order = np.flatnonzero(~zero)
+        order = order[np.argsort(-(ub[order] - pen[order]), kind="stable")]
+        bound = ub[order] - pen[order]
+        done, step = 0, 2 * shortlist
+        while done < len(order):
+            part = order[done:done + step]
+            _, g = self.best_theta(cand[part], eta=eta, need=None if need is None else need[part])
+            score[part] = g - pen[part]
+            done += len(part)
+            step *= 2
+            if done < len(order):
+                kth = np.partition(score[np.isfinite(score)], -shortlist)[-shortlist] \
+                    if np.count_nonzero(np.isfinite(score)) >= shortlist else -np.inf
+                rest = bound[done]  # the largest bound left
+                if kth > rest + 1e-9 * (1.0 + abs(rest)):
+                    break
+        return score
+
+    def _gain_bounds(self, cols: np.ndarray, eta, need) -> np.ndarray:
+        """Per column, an upper bound of what best_theta (concave family) gains: hi x
+        dLL/dtheta(0); exactly 0 where best_theta does not search (no ascent, or below need)."""
+        k = len(cols)
+        rows, x, seg = self._gather(cols)
+        fr = self.family.bind(rows)
+        base = self.eta[rows] - x * self.theta[cols][seg] if eta is None else eta[rows]
+        base = np.maximum(base, 1e-100)
+        T = self.T[cols]
+        Y = np.bincount(seg, weights=fr.ybound(), minlength=k)
+        cap = self.cap[cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
+        g1_0 = np.bincount(seg, weights=x * fr.f1(base), minlength=k) - T
+        live = g1_0 > 0
+        if need is not None:
+            live &= hi * g1_0 > need
+        return np.where(live, hi * g1_0, 0.0)
 
     def select(self, max_active: int = 256, batch: int = 64, exclude: set[int] | None = None) -> None:
         """Forward selection with refit (disjoint candidates in batches), then backward pruning."""
