@@ -685,12 +685,8 @@ class Incidence:
         base = self.leg_w[sw] / self.leg_n[sw]
         lp = self.leg_pair[sw]
 
-        def emit(on: np.ndarray, frac: np.ndarray, col0: int) -> None:
-            r, c = np.nonzero(on)
-            rows.append(lp[r])
-            cols.append(c + col0)
-            vals.append(frac[r, c])
-
+        # [legs x chunk] distances gathered row by row from the few root rows (far faster than
+        # one two-dimensional gather); path counts only where the element is on a path
         kind = idx.link_kind[links] if links.size else np.zeros(0, dtype=np.int8)
         inner = np.flatnonzero(kind == 0)
         for start in range(0, len(inner), chunk):
@@ -698,14 +694,12 @@ class Incidence:
             k = links[j]
             x = np.where(forward[j], idx.link_switch_a[k], idx.link_switch_b[k])
             y = np.where(forward[j], idx.link_switch_b[k], idx.link_switch_a[k])
-            dx, dy = self._dist[ra[:, None], x[None, :]], self._dist[rb[:, None], y[None, :]]
+            dx, dy = self._dist[:, x][ra], self._dist[:, y][rb]
             on = (dx >= 0) & (dy >= 0) & (dx + 1 + dy == d[:, None])
-            frac = np.where(on, self._cnt[ra[:, None], x[None, :]] * self._cnt[rb[:, None], y[None, :]]
-                            * base[:, None], 0.0)
             r, c = np.nonzero(on)
             rows.append(lp[r])
             cols.append(j[c])
-            vals.append(frac[r, c])
+            vals.append(self._cnt[ra[r], x[c]] * self._cnt[rb[r], y[c]] * base[r])
         for j in np.flatnonzero(kind != 0):
             k = int(links[j])
             on_src = self.leg_la == k
@@ -724,11 +718,12 @@ class Incidence:
             vals.append(self.leg_w[r])
         for start in range(0, len(switches), chunk):
             s = switches[start:start + chunk]
-            da, db = self._dist[ra[:, None], s[None, :]], self._dist[rb[:, None], s[None, :]]
+            da, db = self._dist[:, s][ra], self._dist[:, s][rb]
             on = (da >= 0) & (db >= 0) & (da + db == d[:, None])
-            frac = np.where(on, self._cnt[ra[:, None], s[None, :]] * self._cnt[rb[:, None], s[None, :]]
-                            * base[:, None], 0.0)
-            emit(on, frac, len(links) + start)
+            r, c = np.nonzero(on)
+            rows.append(lp[r])
+            cols.append(c + len(links) + start)
+            vals.append(self._cnt[ra[r], s[c]] * self._cnt[rb[r], s[c]] * base[r])
         kn = self._known
         if kn.pair.size:
             if links.size:
