@@ -21,8 +21,9 @@ columns are computed per class (a 9,216-GPU window of 147k pairs has ~23k classe
 to the pairs of the class. Pairs with a known path get explicit rows.
 
 `FabricModel(topology)` is built once per topology and caches what does not change between
-windows: the PathIndex with its breadth-first searches, the element tables, and the route-class
-incidence of the last few pair sets (a stable probe plan reuses it every window).
+windows: the PathIndex with its breadth-first searches, the element tables, and per route-class
+set of the last few pair sets (a `ClassSet`; a stable probe plan reuses it every window) its
+incidence and the ECMP columns of the elements asked for so far.
 """
 
 from __future__ import annotations
