@@ -152,7 +152,8 @@ def audit_host(args: dict, ctx: CommandContext) -> dict:
 
 LOAD_ARGS = {
     "run": Arg(int, required=True, min=0, max=2**32 - 1, help="the audit run id (stray packets of others are ignored)"),
-    "start_at": Arg(float, required=True, help="unix time when every agent starts sending"),
+    "start_at": Arg(float, required=True,
+                    help="when every agent starts sending: cluster time (unix s) by the node's synchronized clock"),
     "duration_s": Arg(float, required=True, min=0.1, max=600),
     "window_s": Arg(float, default=1.0, min=0.1, max=60),
     "grace_s": Arg(float, default=1.0, min=0.0, max=30, help="how long receivers wait for late packets"),

@@ -8,9 +8,11 @@ then advanced by ``advance(run)``, one step per call, from the audits' Celery ta
    deadline fails it, with the reason. Then the fleet agreement of the nodes' host facts
    (``workers.audit.fleet``).
 2. ``load`` (when the run covers every host of the cluster's topology and each answered): the
-   traffic plan (``workers.trafficplan``) as ``audit.load`` commands that start together, every
-   link loaded both ways; the agents' results merged into one observation window and localized
-   by the triangulation (``workers.triangulation``).
+   traffic plan (``workers.trafficplan``) as ``audit.load`` commands that start together at one
+   instant of cluster time, planned with a lead for command delivery at this many hosts and a
+   load long enough that a late agent is still measured (``workers.trafficplan.timing``), every
+   link loaded both ways; each pair measured over the windows both its ends were loading in,
+   merged into one observation window and localized by the triangulation (``workers.triangulation``).
 3. the verdict (``workers.audit.verdict.compose``): findings with their elements, culprits,
    pass / warn / fail. A run started when a node returns from maintenance puts the node back in
    service only when the node passed.
@@ -64,8 +66,10 @@ OPTIONS = {
     "listen_ms": (int, 1000, 0, 30000, "how long each node listens for GPU Xid events"),
     "node_timeout_s": (int, 120, 5, 600, "how long a node has to answer its checks"),
     "load": (bool, True, None, None, "load every link at once (needs every host of the topology)"),
-    "load_duration_s": (float, 4.0, 1.0, 120.0, "how long the fabric is loaded"),
-    "load_lead_s": (float, 5.0, 1.0, 60.0, "how far ahead the load's common start is set"),
+    "load_duration_s": (float, 4.0, 1.0, 120.0, "how long every pair is measured under load (the load runs "
+                        "longer, so a late agent is still measured this long)"),
+    "load_lead_s": (float, 5.0, 1.0, 60.0, "the least lead of the load's common start (it grows with the "
+                    "hosts and the node phase's command delivery)"),
     "rate_mbit": (float, 2.0, 0.1, 10000.0, "offered rate per flow"),
     "flows_per_nic": (int, 8, 1, 64, "flows each NIC sends (and about as many it receives)"),
     "packet_bytes": (int, 1400, 64, 9000, "UDP payload of the load: at the fabric's MTU it finds MTU mismatches"),
@@ -315,26 +319,38 @@ def _topology(cluster: Cluster):
     return parse_topology(export_topology(cluster))
 
 
+def _worst_delivery_s(rows: list[AuditNode]) -> float | None:
+    """The longest a node-phase command took from issue to its agent's claim."""
+    waits = [(r.check_command.delivered_at - r.check_command.created).total_seconds() for r in rows
+             if r.check_command is not None and r.check_command.delivered_at is not None]
+    return max(waits, default=None)
+
+
 def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
     from workers.trafficplan.assign import agent_args
     from workers.trafficplan.plan import PlanError, plan_traffic
+    from workers.trafficplan.timing import load_timing
 
     options = run.options
     nics = {n.name: n for n in Nic.objects.filter(cluster=run.cluster, in_topology=True)}
     addresses = {name: n.addresses[0].split("/", 1)[0] for name, n in nics.items() if n.addresses}
     devices = {name: n.device for name, n in nics.items() if n.device}
-    start_at = time.time() + options["load_lead_s"]
+    timing = load_timing(len(topology.hosts), _worst_delivery_s(rows), lead_min_s=options["load_lead_s"],
+                         measure_s=options["load_duration_s"])
+    # The common start, in cluster time: each agent starts by its synchronized clock. The console's
+    # own clock stands in for the cluster's here: NTP keeps it within milliseconds, the lead is seconds.
+    start_at = time.time() + timing.lead_s
     try:
         plan = plan_traffic(topology, flows_per_nic=options["flows_per_nic"], ports_per_pair=2)
         by_host = agent_args(plan, topology, addresses, run=run.pk % 2**32, start_at=start_at,
-                             duration_s=options["load_duration_s"], rate_mbit=options["rate_mbit"],
+                             duration_s=timing.duration_s, rate_mbit=options["rate_mbit"],
                              packet_bytes=options["packet_bytes"], devices=devices)
     except PlanError as exc:
         run.plan = run.plan | {"load": {"skipped": f"no traffic plan: {exc}"}}
         run.save(update_fields=["plan", "updated"])
         _finish(run, rows)
         return
-    timeout = int(options["load_lead_s"] + options["load_duration_s"]) + 60
+    timeout = int(timing.lead_s + timing.duration_s) + 60
     for row in rows:
         host_args = by_host.get(row.node.name)
         if host_args is None:
@@ -346,32 +362,37 @@ def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
     run.phase_deadline = timezone.now() + timedelta(seconds=timeout + GRACE_S)
     run.plan = run.plan | {"load": {"flows": len(plan.flows), "links": len(plan.link_ids),
                                     "flows_per_nic": plan.flows_per_nic, "rate_mbit": options["rate_mbit"],
-                                    "duration_s": options["load_duration_s"], "start_at": start_at,
-                                    "below_target": len(plan.below_target())}}
+                                    "measure_s": options["load_duration_s"], "start_at": start_at,
+                                    "below_target": len(plan.below_target())} | timing.to_dict()}
     run.save(update_fields=["phase", "phase_deadline", "plan", "updated"])
 
 
 def _fabric_verdict(run: AuditRun, rows: list[AuditNode], topology) -> dict:
-    """The loaded fabric's culprits. Only the windows after the last agent started count (a late
-    start is the console's or the machine's delay, not loss); an agent that started after the
-    load ended, or did not answer, is silent: its pairs are not measured (a warning, not a pass)."""
+    """The loaded fabric's culprits. Each pair counts from the window both its ends had started in
+    (a late start is the console's or the machine's delay, not loss) over at least the measured
+    span; a pair whose agent started later than the plan's allowance, or did not answer, is not
+    measured (a warning, not a pass). Agents that could not start by a synchronized clock are named."""
     from workers.trafficplan.plan import plan_traffic
-    from workers.trafficplan.windows import combine, observations
+    from workers.trafficplan.windows import combine_measured, observations
     from workers.triangulation import triangulate
 
     plan = plan_traffic(topology, flows_per_nic=run.options["flows_per_nic"], ports_per_pair=2)  # deterministic
-    window_s, duration = 1.0, run.options["load_duration_s"]
+    load = run.plan.get("load") or {}
     results = {r.node.name: r.load_command.result for r in rows
                if r.load_command is not None and r.load_command.state == CommandState.SUCCEEDED
-               and isinstance(r.load_command.result, dict)
-               and r.load_command.result.get("started_late_s", 0) < duration - window_s}
+               and isinstance(r.load_command.result, dict)}
     silent = sorted(r.node.name for r in rows if r.load_command is not None and r.node.name not in results)
     merged = observations(plan, results)
-    late = max((r.get("started_late_s", 0) for r in results.values()), default=0)
-    window = combine(merged["windows"][math.ceil(late / window_s):])
-    base = {"pairs": window["probes"] if window else [], "missing": merged["missing"], "silent": silent,
-            "started_late_s": round(late, 3), "windows_used": len(merged["windows"]) - math.ceil(late / window_s)}
-    if window is None or not window["probes"]:
+    window_s = float(next(iter(results.values()))["window_s"]) if results else 1.0
+    late = {host: float(res.get("started_late_s", 0)) for host, res in results.items()}
+    first_window = {n.name: math.ceil(late[n.host] / window_s - 1e-9) for n in topology.nics if n.host in late}
+    min_windows = int(load.get("min_windows") or math.ceil(run.options["load_duration_s"] / window_s))
+    window, unmeasured = combine_measured(merged["windows"], first_window, min_windows)
+    unsynced = sorted(h for h, res in results.items() if (res.get("clock") or {}).get("basis") != "lockstep")
+    base = {"pairs": window["probes"] if window else [], "missing": merged["missing"] + unmeasured, "silent": silent,
+            "started_late_s": {h: round(v, 3) for h, v in sorted(late.items()) if v >= window_s},
+            "late_allowance_s": load.get("late_allowance_s"), "unsynced": unsynced}
+    if window is None:
         return base | {"culprits": []}
     return triangulate(topology, window).to_document() | base
 

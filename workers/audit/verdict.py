@@ -108,7 +108,8 @@ def _fabric_findings(fabric: dict | None) -> list[dict]:
     if missing:
         out.append({"phase": "load", "element": {"kind": "fleet", "name": "fabric"}, "check": "fabric.coverage",
                     "status": "warn", "code": CODE_LOAD_MISSING, "severity": "triage",
-                    "message": f"{len(missing)} loaded pairs were not measured (a sender or receiver did not report)",
+                    "message": f"{len(missing)} loaded pairs were not measured (a sender or receiver did not report, "
+                               "or started too late to be measured)",
                     "evidence": {"missing": missing[:20]}, "threshold": {}, "culprit": False})
     return out
 
