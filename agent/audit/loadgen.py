@@ -24,6 +24,15 @@ A sender that falls behind its schedule by more than ``MAX_LAG_S`` (a busy host)
 missed slots instead of bursting them, and reports how many it skipped: what was sent is what
 was offered, so a busy sender never shows up as loss on the network.
 
+Before the load, while it waits for ``start_at`` (``trace_ttl`` > 0 and at least ``TRACE_MIN_S``
+left), each UDP flow's own 5-tuple is sent once with that TTL from a socket bound to the flow's
+source (Paris-traceroute style: ECMP hashes it onto the flow's path), and ``trace_extra`` more
+tuples from kernel-chosen source ports to the same destination; the switch where it expires
+answers ICMP time exceeded from the address of the port it arrived on, read from the socket's
+error queue (``IP_RECVERR``, no raw socket). ``paths`` lists each trace's answering address: with
+TTL 2, the switch after the first one, i.e. the uplink a flow left its leaf by (the console's
+ECMP check, ``workers.audit.ecmp``).
+
 TCP flows (``protocol: "tcp"``) measure goodput only: bytes received per window of receive time.
 
 Run it outside the agent with ``python -m agent.audit.loadgen SPEC.json`` (the command's
@@ -55,6 +64,12 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 RCVBUF = 8 << 20
 _TIMESPEC = struct.Struct("@qq")
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
+MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+_EXT_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err; the offender's sockaddr follows
+SO_EE_ORIGIN_ICMP = 2
+TRACE_MIN_S = 0.5  # the least time before start_at worth tracing in
+TRACE_MAGIC = b"LSLT"
 
 
 class LoadError(ValueError):
@@ -292,6 +307,67 @@ def _udp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled:
                 s.close()
 
 
+# -- path trace ------------------------------------------------------------------------------------
+
+
+def _icmp_answer(sock: socket.socket) -> tuple[str | None, str] | None:
+    """(offender address, "ttl" | "unreach" | "icmp") of one queued ICMP error, None when none is queued."""
+    try:
+        _data, anc, _flags, _addr = sock.recvmsg(512, 512, MSG_ERRQUEUE)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return None
+    for level, ctype, cdata in anc:
+        if level == socket.IPPROTO_IP and ctype == IP_RECVERR and len(cdata) >= _EXT_ERR.size:
+            ee = _EXT_ERR.unpack_from(cdata)
+            if ee[1] != SO_EE_ORIGIN_ICMP:
+                return None, "other"
+            offender = None
+            if len(cdata) >= _EXT_ERR.size + 8 and struct.unpack_from("=H", cdata, _EXT_ERR.size)[0] == socket.AF_INET:
+                offender = socket.inet_ntoa(cdata[_EXT_ERR.size + 4:_EXT_ERR.size + 8])
+            return offender, "ttl" if ee[2] == 11 else "unreach" if ee[2] == 3 else "icmp"
+    return None, "other"
+
+
+def _trace(flows: list[dict], run: int, ttl: int, extra: int, deadline: float, errors: list[str]) -> list[dict]:
+    """Each flow's answering address at `ttl`, from its own source port and from `extra` more
+    (kernel-chosen) ones to the same destination (see the module docstring); until `deadline`."""
+    socks: dict[socket.socket, dict] = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for f in flows:
+            for j in range(1 + extra):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                try:
+                    _bind_device(sock, f.get("device"), [])
+                    sock.bind((f["src_addr"], int(f["sport"]) if j == 0 else 0))
+                    sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+                    sock.setblocking(False)
+                    sock.sendto(TRACE_MAGIC + struct.pack("!II", run, f["id"]), (f["dst_addr"], int(f["dport"])))
+                except OSError as exc:
+                    errors.append(f"trace of flow {f['id']}: {exc}")
+                    sock.close()
+                    continue
+                socks[sock] = {"flow": f["id"], "sport": sock.getsockname()[1], "ttl": ttl, "hop": None, "answer": None}
+                sel.register(sock, selectors.EVENT_READ)
+        waiting = set(socks)
+        while waiting and time.time() < deadline:
+            # a queued ICMP error makes the socket readable (POLLERR)
+            for key, _ in sel.select(min(0.05, max(0.0, deadline - time.time()))):
+                answer = _icmp_answer(key.fileobj)
+                if answer is not None and key.fileobj in waiting:
+                    socks[key.fileobj]["hop"], socks[key.fileobj]["answer"] = answer
+                    waiting.discard(key.fileobj)
+                    sel.unregister(key.fileobj)
+    finally:
+        for sock in socks:
+            sock.close()
+        sel.close()
+    return list(socks.values())
+
+
 # -- TCP -------------------------------------------------------------------------------------------
 
 
@@ -457,6 +533,14 @@ def run_load(spec: dict, *, cancelled: threading.Event | None = None,
     out: dict[str, Any] = {}
     ready = threading.Event()
     protocol = spec.get("protocol", "udp")
+    ttl = int(spec.get("trace_ttl", 0))
+    paths = None
+    if ttl and protocol == "udp" and spec.get("flows"):
+        if local_start - now() >= TRACE_MIN_S:  # trace while waiting, never into the load
+            paths = _trace(spec["flows"], int(spec["run"]), ttl, int(spec.get("trace_extra", 0)), local_start - 0.2,
+                           errors)
+        else:
+            errors.append(f"no time to trace the flows' paths before start_at (under {TRACE_MIN_S} s left)")
     if protocol == "udp":
         receiver = threading.Thread(target=_udp_receiver, args=(spec, win, offset_ns, end + grace, ready, out, errors),
                                     name="load-rx", daemon=True)
@@ -477,7 +561,7 @@ def run_load(spec: dict, *, cancelled: threading.Event | None = None,
         | ({"reason": unsynced + ": started at start_at by its own clock"} if unsynced else {}),
         "tx": out.get("tx", []), "rx": out.get("rx", []), "unexpected": out.get("unexpected", 0),
         "cancelled": cancelled.is_set(), "errors": errors,
-    }
+    } | ({"paths": paths} if paths is not None else {})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,9 @@ then advanced by ``advance(run)``, one step per call, from the audits' Celery ta
    instant of cluster time, planned with a lead for command delivery at this many hosts and a
    load long enough that a late agent is still measured (``workers.trafficplan.timing``), every
    link loaded both ways; each pair measured over the windows both its ends were loading in,
-   merged into one observation window and localized by the triangulation (``workers.triangulation``).
+   merged into one observation window and localized by the triangulation (``workers.triangulation``);
+   each flow's uplink traced before the load (TTL 2) shows a leaf that does not spread its flows
+   over its uplinks (``workers.audit.ecmp``).
 3. the verdict (``workers.audit.verdict.compose``): findings with their elements, culprits,
    pass / warn / fail. A run started when a node returns from maintenance puts the node back in
    service only when the node passed.
@@ -50,6 +52,7 @@ from console.fleet import services as fleet
 from console.fleet.models import Cluster, Nic, Node, NodeState
 from console.fleet.topology_io import export_topology
 from console.live.publish import publish
+from workers.audit import ecmp
 from workers.audit import fleet as fleet_agreement
 from workers.audit.verdict import Missing, compose, fleet_facts, node_status
 
@@ -319,6 +322,12 @@ def _topology(cluster: Cluster):
     return parse_topology(export_topology(cluster))
 
 
+def _nic_addresses(cluster: Cluster) -> dict[str, str]:
+    """The topology NICs' first addresses (no prefix length)."""
+    return {name: addrs[0].split("/", 1)[0] for name, addrs in
+            Nic.objects.filter(cluster=cluster, in_topology=True).values_list("name", "addresses") if addrs}
+
+
 def _worst_delivery_s(rows: list[AuditNode]) -> float | None:
     """The longest a node-phase command took from issue to its agent's claim."""
     waits = [(r.check_command.delivered_at - r.check_command.created).total_seconds() for r in rows
@@ -332,9 +341,9 @@ def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
     from workers.trafficplan.timing import load_timing
 
     options = run.options
-    nics = {n.name: n for n in Nic.objects.filter(cluster=run.cluster, in_topology=True)}
-    addresses = {name: n.addresses[0].split("/", 1)[0] for name, n in nics.items() if n.addresses}
-    devices = {name: n.device for name, n in nics.items() if n.device}
+    addresses = _nic_addresses(run.cluster)
+    devices = dict(Nic.objects.filter(cluster=run.cluster, in_topology=True).exclude(device="")
+                   .values_list("name", "device"))
     timing = load_timing(len(topology.hosts), _worst_delivery_s(rows), lead_min_s=options["load_lead_s"],
                          measure_s=options["load_duration_s"])
     # The common start, in cluster time: each agent starts by its synchronized clock. The console's
@@ -344,7 +353,8 @@ def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
         plan = plan_traffic(topology, flows_per_nic=options["flows_per_nic"], ports_per_pair=2)
         by_host = agent_args(plan, topology, addresses, run=run.pk % 2**32, start_at=start_at,
                              duration_s=timing.duration_s, rate_mbit=options["rate_mbit"],
-                             packet_bytes=options["packet_bytes"], devices=devices)
+                             packet_bytes=options["packet_bytes"], devices=devices, trace_ttl=ecmp.TRACE_TTL,
+                             trace_extra=ecmp.TRACE_EXTRA)
     except PlanError as exc:
         run.plan = run.plan | {"load": {"skipped": f"no traffic plan: {exc}"}}
         run.save(update_fields=["plan", "updated"])
@@ -389,9 +399,12 @@ def _fabric_verdict(run: AuditRun, rows: list[AuditNode], topology) -> dict:
     min_windows = int(load.get("min_windows") or math.ceil(run.options["load_duration_s"] / window_s))
     window, unmeasured = combine_measured(merged["windows"], first_window, min_windows)
     unsynced = sorted(h for h, res in results.items() if (res.get("clock") or {}).get("basis") != "lockstep")
+    traces = [t for res in results.values() for t in res.get("paths") or []]
+    spread = ecmp.check(topology, [{"id": f.id, "src": f.src, "dst": f.dst} for f in plan.flows], traces,
+                        _nic_addresses(run.cluster))
     base = {"pairs": window["probes"] if window else [], "missing": merged["missing"] + unmeasured, "silent": silent,
             "started_late_s": {h: round(v, 3) for h, v in sorted(late.items()) if v >= window_s},
-            "late_allowance_s": load.get("late_allowance_s"), "unsynced": unsynced}
+            "late_allowance_s": load.get("late_allowance_s"), "unsynced": unsynced, "ecmp": spread}
     if window is None:
         return base | {"culprits": []}
     return triangulate(topology, window).to_document() | base
