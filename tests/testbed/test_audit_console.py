@@ -6,7 +6,10 @@ through the NVML fake), audits started through the REST API:
 - a policed cable (drops only under load) and a GPU with a pending row remap, injected at once,
   are the two culprits and nothing else;
 - a NIC at the wrong MTU is the one culprit, found by the loaded fabric (large packets lost);
-- a node back from maintenance with a GPU defect stays draining; healed, it returns to ready.
+- a node back from maintenance with a GPU defect stays draining; healed, it returns to ready;
+- a leaf with ECMP hashing off is the one culprit (its flows' traced uplinks), alone and with a
+  wrong MTU elsewhere; a rate-limited cable (a degraded optic) and a cable lossy one way,
+  injected at once, are the two culprits.
 
 The audits run the ``gpu`` section of the node checks only: the NVML fake has no PCIe tree, this
 VM's clock is not disciplined, and an agent in a host namespace reads the root namespace's sysfs
@@ -15,6 +18,8 @@ found by the loaded fabric instead.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import requests
@@ -42,6 +47,54 @@ def audit(api: requests.Session, base: str, cluster_id: int, **body) -> dict:
 
 def culprits(run: dict) -> set[tuple[str, str]]:
     return {(c["kind"], c["name"]) for c in run["culprits"]}
+
+
+@contextlib.contextmanager
+def audited(world, fab, tmp_path, name: str):
+    """The console and an agent per host of `fab`, enrolled in a new cluster: (api, console url, cluster)."""
+    cluster = fleet.create_cluster(world.acme.pk, name)
+    fleet.import_topology(cluster, fab.state["topology"])
+    token = make_enrollment_token(cluster, max_uses=100)
+    env = process_env(LOCKSTEP_AUDIT_TICK_S="1", LOCKSTEP_SWEEP_INTERVAL_S="2")
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {world.token('alice')}"
+    with ConsoleStack(fab, env, tmp_path / "stack") as stack:
+        fab.start_agents(console_url=stack.agent_url, token=token, cluster_id=cluster.pk,
+                         env=nvmlshim.agent_env("hgx_h100") | {"LOCKSTEP_INVENTORY_INTERVAL_S": "5"})
+        try:
+            wait_for(lambda: Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 4
+                     and Nic.objects.filter(cluster=cluster, in_topology=True).exclude(addresses=[]).count() == 8,
+                     timeout=120, what="4 agents ready with their NICs' addresses", interval=0.5)
+            yield api, stack.url, cluster
+        finally:
+            fab.heal_all()
+            fab.stop_agents()
+
+
+@pytest.mark.timeout(900)
+def test_a_leaf_with_ecmp_off_and_a_degraded_or_one_way_lossy_cable_are_named_alone_and_together(
+        transactional_db, world, small_fabric, tmp_path):
+    fab = small_fabric
+    with audited(world, fab, tmp_path, "ecmp-and-cables") as (api, base, cluster):
+        fab.fault_switch_ecmp_off("leaf-su01-r1")
+        alone = audit(api, base, cluster.pk)
+        assert alone["verdict"] == "fail" and culprits(alone) == {("switch", "leaf-su01-r1")}, alone["findings"]
+        [ecmp] = [f for f in alone["findings"] if f["check_name"] == "fabric.ecmp"]
+        assert ecmp["code"] == "LOCKSTEP_FR_ECMP_ONE_UPLINK" and len(ecmp["evidence"]["hops"]) == 1
+        assert {n["outcome"] for n in alone["nodes"]} == {"passed"}  # a switch's fault fails no host
+
+        fab.fault_nic_mtu("node0000/nic0", mtu=1200)  # with a second defect elsewhere
+        truth = {(c["kind"], c["name"]) for c in fab.ground_truth()["culprits"]}
+        two = audit(api, base, cluster.pk)
+        assert culprits(two) == truth == {("switch", "leaf-su01-r1"), ("nic", "node0000/nic0")}, two["findings"]
+        fab.heal_all()
+
+        fab.fault_link_rate("node0001/nic0~leaf-su00-r0", rate_mbit=4)  # a degraded optic: queue, then drops
+        fab.fault_link_loss("node0003/nic1~leaf-su01-r1", direction="a>b", rate=0.1)  # lossy one way only
+        truth = {(c["kind"], c["name"]) for c in fab.ground_truth()["culprits"]}
+        cables = audit(api, base, cluster.pk)
+        assert culprits(cables) == truth == {("nic", "node0001/nic0"), ("nic", "node0003/nic1")}, cables["findings"]
+        assert all(f["check_name"] == "fabric.load" for f in cables["findings"] if f["culprit"])
 
 
 @pytest.mark.timeout(900)
