@@ -50,6 +50,7 @@ def _setup_django(db_path: Path) -> None:
     os.environ.pop("REDIS_URL", None)
     os.environ["SQLITE_PATH"] = str(db_path)
     os.environ["LOCKSTEP_VAR_DIR"] = str(db_path.parent)  # the console's secret key lives there: the same for both
+    os.environ.setdefault("DEBUG", "true")  # a throwaway console: its dev secret key in that var dir, as the demo
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
     from django.core.management import call_command
