@@ -146,13 +146,16 @@ def _touches(pair: dict, kind: str, name: str) -> bool:
 
 
 def compose(node_reports: dict[str, dict | Missing], *, fleet: dict | None = None,
-            fabric: dict | None = None) -> dict:
-    """The audit's verdict document (see the module docstring)."""
+            fabric: dict | None = None, collective: list[dict] | None = None) -> dict:
+    """The audit's verdict document (see the module docstring). `collective`: the collective
+    phase's per-group findings (``workers.audit.collective.findings``); the passing ones are
+    the report's, not findings."""
     findings = []
     for node in sorted(node_reports):
         findings += _node_findings(node, node_reports[node])
     findings += _fleet_findings(fleet)
     findings += _fabric_findings(fabric)
+    findings += [f for f in collective or [] if f["status"] != "pass"]
     culprits: dict[tuple[str, str], dict] = {}
     for f in findings:
         if not f["culprit"]:
