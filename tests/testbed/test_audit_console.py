@@ -9,7 +9,9 @@ through the NVML fake), audits started through the REST API:
 - a node back from maintenance with a GPU defect stays draining; healed, it returns to ready;
 - a leaf with ECMP hashing off is the one culprit (its flows' traced uplinks), alone and with a
   wrong MTU elsewhere; a rate-limited cable (a degraded optic) and a cable lossy one way,
-  injected at once, are the two culprits.
+  injected at once, are the two culprits;
+- the collective phase (gloo, each rail then the cluster) passes a healthy fabric, and a degraded
+  cable fails its rail's group (no culprit: the load and the node checks localize).
 
 The audits run the ``gpu`` section of the node checks only: the NVML fake has no PCIe tree, this
 VM's clock is not disciplined, and an agent in a host namespace reads the root namespace's sysfs
@@ -42,7 +44,7 @@ def audit(api: requests.Session, base: str, cluster_id: int, **body) -> dict:
     assert response.status_code == 201, response.text
     run_id = response.json()["id"]
     return wait_for(lambda: (r := api.get(f"{base}/api/v1/audits/{run_id}/", timeout=10).json())["state"] != "running"
-                    and r, timeout=180, what=f"audit {run_id} to finish", interval=0.5)
+                    and r, timeout=300, what=f"audit {run_id} to finish", interval=0.5)
 
 
 def culprits(run: dict) -> set[tuple[str, str]]:
@@ -95,6 +97,33 @@ def test_a_leaf_with_ecmp_off_and_a_degraded_or_one_way_lossy_cable_are_named_al
         cables = audit(api, base, cluster.pk)
         assert culprits(cables) == truth == {("nic", "node0001/nic0"), ("nic", "node0003/nic1")}, cables["findings"]
         assert all(f["check_name"] == "fabric.load" for f in cables["findings"] if f["culprit"])
+
+
+@pytest.mark.timeout(900)
+def test_the_collective_phase_runs_each_rail_and_the_cluster_with_gloo_and_a_degraded_cable_fails_its_rail(
+        transactional_db, world, small_fabric, tmp_path):
+    pytest.importorskip("torch")
+    options = {"load": False, "collective": True, "collective_size_bytes": 1 << 18, "collective_iters": 3,
+               "collective_min_busbw_gbs": 0.002}  # 16 Mbit/s: a veth carries far more, a 4 Mbit/s cable less
+    fab = small_fabric
+    with audited(world, fab, tmp_path, "collective") as (api, base, cluster):
+        healthy = audit(api, base, cluster.pk, options=OPTIONS | options)
+        assert healthy["verdict"] == "pass", healthy["findings"]
+        report = api.get(f"{base}/api/v1/audits/{healthy['id']}/report/", timeout=10).json()
+        groups = {g["element"]["name"]: g for g in report["collective"]}
+        assert set(groups) == {"collective rail 0", "collective rail 1", "collective cluster"}
+        assert all(g["status"] == "pass" and g["evidence"]["busbw_gbs"] > 0.002 and g["evidence"]["world_size"] == 4
+                   for g in groups.values()), groups
+
+        fab.fault_link_rate("node0001/nic1~leaf-su00-r1", rate_mbit=4)
+        slow = audit(api, base, cluster.pk, options=OPTIONS | options)
+        assert slow["verdict"] == "fail" and slow["culprits"] == [], slow["findings"]
+        report = api.get(f"{base}/api/v1/audits/{slow['id']}/report/", timeout=10).json()
+        groups = {g["element"]["name"]: g for g in report["collective"]}
+        assert groups["collective rail 0"]["status"] == "pass", groups
+        assert groups["collective rail 1"]["status"] == "fail" and groups["collective rail 1"]["code"] == \
+            "DCGM_FR_LOW_BANDWIDTH", groups
+        assert groups["collective rail 1"]["evidence"]["busbw_gbs"] < 0.002
 
 
 @pytest.mark.timeout(900)
