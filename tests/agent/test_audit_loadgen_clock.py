@@ -58,3 +58,23 @@ def test_an_agent_without_a_synchronized_clock_says_it_started_by_its_own():
         assert result["clock"]["basis"] == "realtime" and result["clock"]["offset_ns"] == 0
         assert why in result["clock"]["reason"] and "its own clock" in result["clock"]["reason"]
         assert result["started_late_s"] == 0 and sum(result["rx"][0]["received"]) > 0
+
+
+def test_the_daemon_serves_command_handlers_cluster_time_only_from_a_clock_sync_provider(tmp_path):
+    from agent_testlib import agent_config
+
+    from agent.clusterclock import ClusterTime
+    from agent.daemon import Daemon
+
+    daemon = Daemon(agent_config(tmp_path / "state", None), nvml=None)
+    assert daemon.clock_reading() is None  # no clock sync: the load starts by the local clock, and says so
+
+    class Synced:
+        def cluster_time(self):
+            return ClusterTime(time.time_ns() + 7_000_000_000, 7_000_000_000, 0.0, 300, True)
+
+    daemon.cluster_clock.provide(Synced())
+    reading = daemon.clock_reading()
+    assert reading["synced"] is True and reading["cluster_time_ns"] - time.time_ns() > 6e9
+    result = run_load(_spec(time.time() + 7.2, duration_s=0.5), clock=daemon.clock_reading)
+    assert result["clock"]["basis"] == "lockstep" and result["started_late_s"] == 0
