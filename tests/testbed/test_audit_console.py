@@ -22,6 +22,7 @@ found by the loaded fabric instead.
 from __future__ import annotations
 
 import contextlib
+import shutil
 
 import pytest
 import requests
@@ -60,6 +61,7 @@ def audited(world, fab, tmp_path, name: str):
     env = process_env(LOCKSTEP_AUDIT_TICK_S="1", LOCKSTEP_SWEEP_INTERVAL_S="2")
     api = requests.Session()
     api.headers["Authorization"] = f"Bearer {world.token('alice')}"
+    _forget_enrollments(fab)
     with ConsoleStack(fab, env, tmp_path / "stack") as stack:
         fab.start_agents(console_url=stack.agent_url, token=token, cluster_id=cluster.pk,
                          env=nvmlshim.agent_env("hgx_h100") | {"LOCKSTEP_INVENTORY_INTERVAL_S": "5"})
@@ -71,6 +73,13 @@ def audited(world, fab, tmp_path, name: str):
         finally:
             fab.heal_all()
             fab.stop_agents()
+            _forget_enrollments(fab)
+
+
+def _forget_enrollments(fab) -> None:
+    """Each test's agents enroll afresh: the fabric outlives the test, its database does not."""
+    for host in fab.hosts:
+        shutil.rmtree(fab._agent_dir(host) / "state", ignore_errors=True)
 
 
 @pytest.mark.timeout(900)
@@ -130,61 +139,45 @@ def test_the_collective_phase_runs_each_rail_and_the_cluster_with_gloo_and_a_deg
 def test_the_audit_passes_a_healthy_fabric_and_names_each_injected_fault(transactional_db, world, small_fabric,
                                                                          tmp_path):
     fab = small_fabric
-    cluster = fleet.create_cluster(world.acme.pk, "audited-fabric")
-    fleet.import_topology(cluster, fab.state["topology"])
-    token = make_enrollment_token(cluster, max_uses=100)
-    env = process_env(LOCKSTEP_AUDIT_TICK_S="1", LOCKSTEP_SWEEP_INTERVAL_S="2")
-    api = requests.Session()
-    api.headers["Authorization"] = f"Bearer {world.token('alice')}"
-    with ConsoleStack(fab, env, tmp_path / "stack") as stack:
-        fab.start_agents(console_url=stack.agent_url, token=token, cluster_id=cluster.pk,
-                         env=nvmlshim.agent_env("hgx_h100") | {"LOCKSTEP_INVENTORY_INTERVAL_S": "5"})
-        try:
-            wait_for(lambda: Node.objects.filter(cluster=cluster, state=NodeState.READY).count() == 4
-                     and Nic.objects.filter(cluster=cluster, in_topology=True).exclude(addresses=[]).count() == 8,
-                     timeout=120, what="4 agents ready with their NICs' addresses", interval=0.5)
+    with audited(world, fab, tmp_path, "audited-fabric") as (api, base, cluster):
+        healthy = audit(api, base, cluster.pk)
+        assert healthy["verdict"] == "pass", [(f["element"], f["check_name"], f["message"]) for f in healthy["findings"]]
+        assert healthy["culprits"] == [] and healthy["plan"]["load"]["flows"] > 0
+        assert {n["outcome"] for n in healthy["nodes"]} == {"passed"}, healthy["nodes"]
 
-            healthy = audit(api, stack.url, cluster.pk)
-            assert healthy["verdict"] == "pass", [(f["element"], f["check_name"], f["message"]) for f in healthy["findings"]]
-            assert healthy["culprits"] == [] and healthy["plan"]["load"]["flows"] > 0
-            assert {n["outcome"] for n in healthy["nodes"]} == {"passed"}, healthy["nodes"]
+        fab.fault_link_police("node0001/nic1~leaf-su00-r1", rate_mbit=4, direction="a>b")
+        fab.fault_node_gpu("node0003", defect="remap-pending", gpu=2)
+        truth = {(c["kind"], c["name"]) for c in fab.ground_truth()["culprits"]}
+        two = audit(api, base, cluster.pk)
+        assert two["verdict"] == "fail" and culprits(two) == truth == {("nic", "node0001/nic1"),
+                                                                       ("host", "node0003")}, two["findings"]
+        assert {f["code"] for f in two["findings"] if f["element"] == "node0003"} == {
+            "DCGM_FR_PENDING_ROW_REMAP", "DCGM_FR_VOLATILE_DBE_DETECTED"}  # the fake's defect, as DCGM names it
+        police = next(f for f in two["findings"] if f["element"] == "node0001/nic1")
+        assert police["check_name"] == "fabric.load" and police["evidence"]["pairs"][0]["lost"] > 0
+        fab.heal_all()
 
-            fab.fault_link_police("node0001/nic1~leaf-su00-r1", rate_mbit=4, direction="a>b")
-            fab.fault_node_gpu("node0003", defect="remap-pending", gpu=2)
-            truth = {(c["kind"], c["name"]) for c in fab.ground_truth()["culprits"]}
-            two = audit(api, stack.url, cluster.pk)
-            assert two["verdict"] == "fail" and culprits(two) == truth == {("nic", "node0001/nic1"),
-                                                                           ("host", "node0003")}, two["findings"]
-            assert {f["code"] for f in two["findings"] if f["element"] == "node0003"} == {
-                "DCGM_FR_PENDING_ROW_REMAP", "DCGM_FR_VOLATILE_DBE_DETECTED"}  # the fake's defect, as DCGM names it
-            police = next(f for f in two["findings"] if f["element"] == "node0001/nic1")
-            assert police["check_name"] == "fabric.load" and police["evidence"]["pairs"][0]["lost"] > 0
-            fab.heal_all()
+        fab.fault_nic_mtu("node0002/nic0", mtu=1200)
+        mtu = audit(api, base, cluster.pk)
+        assert culprits(mtu) == {("nic", "node0002/nic0")}, mtu["findings"]
+        assert {f["check_name"] for f in mtu["findings"] if f["element"] == "node0002/nic0"} == {"fabric.load"}
+        fab.heal_all()
 
-            fab.fault_nic_mtu("node0002/nic0", mtu=1200)
-            mtu = audit(api, stack.url, cluster.pk)
-            assert culprits(mtu) == {("nic", "node0002/nic0")}, mtu["findings"]
-            assert {f["check_name"] for f in mtu["findings"] if f["element"] == "node0002/nic0"} == {"fabric.load"}
-            fab.heal_all()
-
-            # post-maintenance gating: a failing node stays out of service, a passing one returns
-            node = Node.objects.get(cluster=cluster, name="node0003")
-            fleet.drain(node)
-            fid = fab.fault_node_gpu("node0003", defect="remap-pending", gpu=2)
-            run_id = api.post(f"{stack.url}/api/v1/nodes/{node.pk}/return-to-service/", json={"options": OPTIONS},
-                              timeout=30).json()["id"]
-            wait_for(lambda: api.get(f"{stack.url}/api/v1/audits/{run_id}/", timeout=10).json()["state"] == "finished",
-                     timeout=120, what="the maintenance audit", interval=0.5)
-            node.refresh_from_db()
-            failed = api.get(f"{stack.url}/api/v1/audits/{run_id}/", timeout=10).json()
-            assert failed["trigger"] == "maintenance" and culprits(failed) == {("host", "node0003")}, failed["findings"]
-            assert node.state == NodeState.DRAINING  # it failed: it stays out of service
-            fab.heal(fid)
-            run_id = api.post(f"{stack.url}/api/v1/nodes/{node.pk}/return-to-service/", json={"options": OPTIONS},
-                              timeout=30).json()["id"]
-            wait_for(lambda: Node.objects.get(pk=node.pk).state == NodeState.READY, timeout=120,
-                     what="node0003 back in service after passing its audit", interval=0.5)
-            assert api.get(f"{stack.url}/api/v1/audits/{run_id}/", timeout=10).json()["verdict"] == "pass"
-        finally:
-            fab.heal_all()
-            fab.stop_agents()
+        # post-maintenance gating: a failing node stays out of service, a passing one returns
+        node = Node.objects.get(cluster=cluster, name="node0003")
+        fleet.drain(node)
+        fid = fab.fault_node_gpu("node0003", defect="remap-pending", gpu=2)
+        run_id = api.post(f"{base}/api/v1/nodes/{node.pk}/return-to-service/", json={"options": OPTIONS},
+                          timeout=30).json()["id"]
+        wait_for(lambda: api.get(f"{base}/api/v1/audits/{run_id}/", timeout=10).json()["state"] == "finished",
+                 timeout=120, what="the maintenance audit", interval=0.5)
+        node.refresh_from_db()
+        failed = api.get(f"{base}/api/v1/audits/{run_id}/", timeout=10).json()
+        assert failed["trigger"] == "maintenance" and culprits(failed) == {("host", "node0003")}, failed["findings"]
+        assert node.state == NodeState.DRAINING  # it failed: it stays out of service
+        fab.heal(fid)
+        run_id = api.post(f"{base}/api/v1/nodes/{node.pk}/return-to-service/", json={"options": OPTIONS},
+                          timeout=30).json()["id"]
+        wait_for(lambda: Node.objects.get(pk=node.pk).state == NodeState.READY, timeout=120,
+                 what="node0003 back in service after passing its audit", interval=0.5)
+        assert api.get(f"{base}/api/v1/audits/{run_id}/", timeout=10).json()["verdict"] == "pass"
