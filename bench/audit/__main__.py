@@ -26,6 +26,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             fab.stop_agents()
     finally:
         fab.down()
+    shutil.rmtree(work, ignore_errors=True)  # kept when a run fails: its console and agent logs
     tp = sum(t["true_culprits"] for t in trials)
     fp = sum(len(t["false_culprits"]) for t in trials)
     fn = sum(len(t["missed"]) for t in trials)
