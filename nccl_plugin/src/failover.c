@@ -146,11 +146,14 @@ void ls_path_start_connect(ls_comm *c, int path) {
 }
 
 void ls_paths_tick(ls_comm *c, uint64_t now) {
-    uint64_t hb_every = (uint64_t)ls_cfg.heartbeat_ms / 3;
+    /* Heartbeats every quarter of LOCKSTEP_NCCL_HEARTBEAT_MS; a path that was silent (no data,
+     * ack or heartbeat) for three quarters of it is dead, so with the poll granularity and a
+     * late wake-up detection still fits in the configured time. */
+    uint64_t hb_every = (uint64_t)ls_cfg.heartbeat_ms / 4, silent_max = (uint64_t)ls_cfg.heartbeat_ms * 3 / 4;
     for (int i = 0; i < c->npaths; i++) {
         ls_path *p = &c->paths[i];
         if (p->state == LS_PATH_UP) {
-            if (now - p->last_rx_ms > (uint64_t)ls_cfg.heartbeat_ms) {
+            if (now - p->last_rx_ms > silent_max) {
                 ls_path_dead(c, i, "heartbeat missed");
                 continue;
             }
