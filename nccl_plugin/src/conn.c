@@ -548,13 +548,19 @@ static void accept_on(ls_comm *c, int lfd, uint64_t now) {
     }
 }
 
-/* One round of non-blocking I/O on every stream: read what arrived, cut chunks, write what can
- * be written, acknowledge. Run by the progress thread after each poll and, when the lock is
- * free, by NCCL's own calls (isend/irecv/test), which saves a thread wake-up per message. */
-void ls_progress_pass(ls_comm *c, int from_caller) {
-    if (from_caller) c->caller_pass_us = ls_now_us();
+/* The path data moves on: the sender's active one, where the receiver last got data. */
+static int hot_path(const ls_comm *c) { return c->is_send ? c->active : c->ack_path; }
+
+/* One round of non-blocking I/O: read what arrived, cut chunks, write what can be written,
+ * acknowledge. NCCL's own calls (isend/irecv/test, `LS_PASS_HOT`) do it on the path data moves
+ * on only, which saves a thread wake-up per message and the syscalls on idle standbys; the
+ * progress thread does the rest (`LS_PASS_COLD` while NCCL keeps calling, else `LS_PASS_ALL`). */
+void ls_progress_pass(ls_comm *c, int which) {
+    if (which == LS_PASS_HOT) c->caller_pass_us = ls_now_us();
+    int hot = hot_path(c);
+#define SKIP_PATH(p) ((which == LS_PASS_HOT && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
@@ -565,7 +571,7 @@ void ls_progress_pass(ls_comm *c, int from_caller) {
     if (c->is_send) make_chunks(c);
     /* write everything that can be written (cheap when nothing is ready) */
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && stream_write(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
@@ -573,6 +579,7 @@ void ls_progress_pass(ls_comm *c, int from_caller) {
                 break;
             }
         }
+#undef SKIP_PATH
     if (!c->is_send) ls_ack(c, 0);
 }
 
@@ -614,9 +621,12 @@ static void *progress(void *arg) {
             pfd[n] = (struct pollfd){.fd = c->netlink_fd, .events = POLLIN};
             what[n++].kind = W_NETLINK;
         }
-        /* While NCCL keeps calling test() it moves the data itself; the thread then stays out
-         * of its way (no lock hand-offs per message) and only keeps time: heartbeats, timeouts. */
-        int caller_driving = ls_now_us() - c->caller_pass_us < 2000;
+        /* While NCCL keeps calling test() on receives it moves the data itself; the thread then
+         * stays off that path (no lock hand-offs per message) and keeps time and the standbys.
+         * A sender's isends complete at once, so NCCL stops calling while data still waits for
+         * credits or socket space: the sender's thread always watches every stream. */
+        int caller_driving = !c->is_send && ls_now_us() - c->caller_pass_us < 2000;
+        int hot = hot_path(c);
         int any_pending = 0;
         for (int p = 0; p < c->npaths; p++) {
             if (c->paths[p].listen_fd >= 0) {
@@ -626,7 +636,7 @@ static void *progress(void *arg) {
             }
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
                 ls_stream *st = &c->paths[p].streams[s];
-                if (st->fd < 0 || caller_driving) continue;
+                if (st->fd < 0 || (caller_driving && p == hot)) continue;
                 short ev = POLLIN;
                 if ((c->is_send && !st->hello_done) || st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len ||
                     (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
@@ -661,7 +671,7 @@ static void *progress(void *arg) {
             } /* streams: the pass below reads and writes every one of them */
         }
         if (any_pending) poll_pending(c, now);
-        if (!caller_driving) ls_progress_pass(c, 0);
+        ls_progress_pass(c, caller_driving ? LS_PASS_COLD : LS_PASS_ALL);
         if (!c->is_send) ls_ack(c, 1); /* whatever a pass held back goes now */
         ls_paths_tick(c, ls_now_ms()); /* after the reads: their times are not in the future */
     }

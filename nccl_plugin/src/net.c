@@ -260,10 +260,9 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
             m->req = r;
         }
         *request = r;
-        ls_progress_pass(c, 1);
     }
-    /* No wake-up of the progress thread: NCCL now calls test(), which moves the data; the
-     * thread takes over within 2 ms once NCCL stops calling. */
+    /* the new message moves now; a NULL request's retry finds the acks read meanwhile */
+    if (rc == ncclSuccess) ls_progress_pass(c, LS_PASS_HOT);
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -292,7 +291,7 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
         c->recv_order[r->index % LS_MAX_REQS] = r;
         for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
-        ls_progress_pass(c, 1);
+        ls_progress_pass(c, LS_PASS_HOT);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -312,7 +311,7 @@ ncclResult_t ls_test(void *request, int *done, int *sizes) {
     *done = 0;
     if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
         if (pthread_mutex_trylock(&c->lock) == 0) {
-            ls_progress_pass(c, 1);
+            ls_progress_pass(c, LS_PASS_HOT);
             pthread_mutex_unlock(&c->lock);
         }
         if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return __atomic_load_n(&c->error, __ATOMIC_ACQUIRE);

@@ -297,7 +297,8 @@ int ls_comm_start(ls_comm *c);     /* starts the progress thread */
 void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
 void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring space back */
-void ls_progress_pass(ls_comm *c, int from_caller); /* with the lock held */
+enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
+void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
 void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */
 int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len);
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len);
