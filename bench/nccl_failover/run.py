@@ -113,7 +113,9 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
             argv.append("--trace")
         procs[role] = pair.popen(host, argv, env=env, stdout=open(work / f"{role}.out", "w"),  # noqa: SIM115
                                  stderr=open(work / f"{role}.err", "w"))  # noqa: SIM115
-    while not (work / "progress").exists():
+    while not (work / "progress").exists():  # (or a side ended: the summary below says why)
+        if any(p.poll() is not None for p in procs.values()):
+            break
         time.sleep(0.05)
     per_fault = []
     seen = 0
