@@ -435,6 +435,7 @@ static int stream_read(ls_comm *c, int path, ls_stream *s) {
         return -1;
     }
     size_t budget = READ_BUDGET;
+    int drained = 0; /* the last recv got less than it asked for: the socket is (very likely) empty */
     for (;;) {
         while (s->rx_stage_off < s->rx_stage_len || (s->rx_in_payload && !s->rx_left)) {
             const char *src = s->rx_stage + s->rx_stage_off;
@@ -461,20 +462,24 @@ static int stream_read(ls_comm *c, int path, ls_stream *s) {
             on_frame(c, path, s);
             if (c->error || s->fd < 0) return c->error ? -1 : 0;
         }
-        if (!budget) return 0;
+        if (!budget || drained) return 0; /* saves the recv that would only say EAGAIN */
         ssize_t n;
+        size_t want;
         char *dst = s->rx_in_payload ? payload_dest(s) : NULL;
         if (dst && (s->rx_hdr.type & 0xffff) == LS_DATA && s->rx_left >= LS_RX_STAGE / 2) {
-            n = recv(s->fd, dst, s->rx_left < budget ? s->rx_left : budget, MSG_DONTWAIT);
+            want = s->rx_left < budget ? s->rx_left : budget;
+            n = recv(s->fd, dst, want, MSG_DONTWAIT);
             if (n > 0) {
                 s->rx_left -= (size_t)n;
                 s->rx_payload_got += (size_t)n;
             }
         } else {
             s->rx_stage_off = s->rx_stage_len = 0;
-            n = recv(s->fd, s->rx_stage, LS_RX_STAGE, MSG_DONTWAIT);
+            want = LS_RX_STAGE;
+            n = recv(s->fd, s->rx_stage, want, MSG_DONTWAIT);
             if (n > 0) s->rx_stage_len = (size_t)n;
         }
+        drained = n > 0 && (size_t)n < want;
         if (n == 0) return -1;
         if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         c->paths[path].last_rx_ms = ls_now_ms();
