@@ -155,6 +155,14 @@ void ls_paths_tick(ls_comm *c, uint64_t now) {
      * ack or heartbeat) for three quarters of it is dead, so with the poll granularity and a
      * late wake-up detection still fits in the configured time. */
     uint64_t hb_every = (uint64_t)ls_cfg.heartbeat_ms / 4, silent_max = (uint64_t)ls_cfg.heartbeat_ms * 3 / 4;
+    /* Time this thread did not run (a starved process: poll returns every 1/20 of the threshold
+     * otherwise) is not silence of the paths: their stamps move on by it. What arrived meanwhile
+     * was read by the pass just before; only a peer that sent nothing counts. */
+    uint64_t gap = since(now, c->last_tick_ms);
+    if (c->last_tick_ms && gap > hb_every)
+        for (int i = 0; i < c->npaths; i++)
+            if (c->paths[i].state == LS_PATH_UP) c->paths[i].last_rx_ms += gap - hb_every;
+    c->last_tick_ms = now;
     for (int i = 0; i < c->npaths; i++) {
         ls_path *p = &c->paths[i];
         if (p->state == LS_PATH_UP) {

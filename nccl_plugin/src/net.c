@@ -223,7 +223,10 @@ static uint64_t ring_place(const ls_comm *c, size_t size) {
     size_t cap = ls_cfg.retransmit_bytes;
     uint64_t start = c->ring_head;
     if (start % cap + size > cap) start += cap - start % cap; /* skip the tail end */
-    return start + size - c->ring_tail <= cap ? start : UINT64_MAX;
+    /* an empty ring holds no padding either (else a message above half the ring could wait for
+     * ever behind the skipped tail end) */
+    uint64_t tail = c->ring_tail == c->ring_head ? start : c->ring_tail;
+    return start + size - tail <= cap ? start : UINT64_MAX;
 }
 
 /* A message that fits the retransmit ring is copied there and its request is done at once (the
@@ -253,6 +256,7 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
         if (in_ring) {
             m->data = c->ring ? c->ring + start % ls_cfg.retransmit_bytes : NULL;
             if (size) memcpy(m->data, data, size);
+            if (c->ring_tail == c->ring_head) c->ring_tail = start;
             m->ring_end = c->ring_head = start + size;
             r->done = 1;
         } else {

@@ -255,6 +255,7 @@ typedef struct ls_comm {
     ls_path paths[LS_MAX_NICS];
     int active;             /* connector: the path carrying data, -1 while none is up */
     uint64_t no_path_since_ms;
+    uint64_t last_tick_ms;  /* the progress thread's previous tick: a longer gap means it was starved */
     uint64_t failover_started_ms;
     uint64_t last_ack_ms;        /* connector: when the cumulative ack last moved */
     uint64_t ack_before_failover_ms; /* set at a failover; 0 once data moves again */

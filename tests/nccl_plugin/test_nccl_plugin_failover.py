@@ -177,6 +177,32 @@ def test_every_abi_version_moves_checksummed_data(pair, plugin_lib, abi):
         run.cleanup()
 
 
+@pytest.mark.parametrize("ring_bytes", [0, 1 << 20])
+def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_through_a_failover(
+        pair, plugin_lib, agent, ring_bytes):
+    # 0: no ring, every isend completes on its ack; 1 MiB: the ring fills (NULL requests, which
+    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "19",
+                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes)})
+    try:
+        run.wait_received(16 << 20, "data before the fault")
+        away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+        pair.link("a", "nh0", up=False)
+        wait_for(lambda: len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) > away, WAIT_S,
+                 "failover to the standby")
+        run.wait_received(16 << 20, "data over the standby")
+        pair.link("a", "nh0", up=True)
+        run.wait_received(8 << 20, "data after the primary returned")
+        run.stop()
+        results = run.finish()
+    finally:
+        pair.link("a", "nh0", up=True)
+        run.cleanup()
+    _assert_intact(results)
+    if ring_bytes:
+        assert results["send"]["null_requests"] > 0  # the full ring said "retry", never blocked
+
+
 def _validated(kind: str, data: dict) -> dict:
     return kinds.get(f"event.{kind}").validate(data)
 
