@@ -14,8 +14,10 @@ restored; after each restore the plugin must fail back before the next fault. Pe
              application sees it (the harness's receive times)
 and at the end: every byte compared, no group lost or duplicated.
 
-Throughput/latency: bench/nccl_failover/tput.c, the plugin against plain TCP over nh0 between
-the same namespaces, 4 KiB to 4 MiB (bandwidth with 32 outstanding, ping-pong latency).
+Throughput/latency (--no-faults for only these): bench/nccl_failover/tput.c, the plugin (2
+streams, its default, and 1 stream) against plain TCP over one stream on nh0 between the same
+namespaces, 4 KiB to 4 MiB (bandwidth with 32 outstanding, ping-pong latency), taking turns run
+by run.
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
             argv.append("--trace")
         procs[role] = pair.popen(host, argv, env=env, stdout=open(work / f"{role}.out", "w"),  # noqa: SIM115
                                  stderr=open(work / f"{role}.err", "w"))  # noqa: SIM115
-    while not (work / "progress").exists():
+    while not (work / "progress").exists():  # (or a side ended: the summary below says why)
+        if any(p.poll() is not None for p in procs.values()):
+            break
         time.sleep(0.05)
     per_fault = []
     seen = 0
@@ -137,7 +141,13 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
                 t_restore = time.time()
                 restore(pair, kind)
                 # back on the primary: a failback, or (when the standby had died too) a failover to it
-                fb = events.wait(seen, lambda k, d: k in ("nccl.failback", "nccl.failover") and d.get("to") == "nh0", 20)
+                # (on a loaded machine a flap's up phase can outlast the stable time: a failback
+                # during the flap is not the one after the restore)
+                def to_primary(k, d):
+                    return k in ("nccl.failback", "nccl.failover") and d.get("to") == "nh0"
+                fb = events.wait(seen, to_primary, 20)
+                while fb is not None and fb[1] < t_restore:
+                    fb = events.wait(fb[0] + 1, to_primary, 20)
                 # detection counts from the injection (for a flap: its first down)
                 rec = {"kind": kind, "i": i, "t0": t0, "detection_ms": round((fo[1] - t0) * 1e3, 1),
                        "reason": fo[2].get("reason")}
@@ -196,38 +206,56 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
             "faults": per_fault}
 
 
-def tput(pair: NcclPair) -> list[dict]:
-    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET="none")
+# The plugin with its default 2 streams per path, the plugin with 1 stream, and plain TCP over
+# one stream (blocking send/recv of whole messages, TCP_NODELAY): the same namespaces, NIC and sizes.
+TRANSPORTS = {"plugin": ("plugin", {}), "plugin_1stream": ("plugin", {"LOCKSTEP_NCCL_STREAMS": "1"}),
+              "tcp": ("tcp", {})}
+
+
+def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str) -> tuple[float | None, str]:
+    kind, extra = TRANSPORTS[transport]
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET="none", **extra)
+    d = tempfile.mkdtemp(prefix="lsnccl-tput")
+    args = [str(LIB), d] if kind == "plugin" else [pair.address("b", "nh0"), "6001"]
+    far = pair.popen("b", [str(TPUT), kind, *args, "b", str(size), str(iters), mode], env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), kind, *args, "a", str(size), str(iters),
+                           mode], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        far.wait(60)
+    except subprocess.TimeoutExpired:
+        far.kill()
+    shutil.rmtree(d, ignore_errors=True)
+    lines = near.stdout.strip().splitlines()
+    if not lines:
+        return None, near.stderr.strip()[-300:]
+    out = json.loads(lines[-1])
+    return out["MBps"] if mode == "bw" else out["one_way_us"], ""
+
+
+def tput(pair: NcclPair, repeats: int) -> list[dict]:
+    """Median of `repeats` runs per cell; the transports take turns run by run, so a change in
+    the machine's load hits them alike."""
     rows = []
     for size in SIZES:
         iters = {"bw": max(200, (256 << 20) // size) if size >= 65536 else 20000, "lat": 1000 if size <= 65536 else 200}
         for mode in ("bw", "lat"):
-            row = {"size": size, "mode": mode}
-            for transport in ("plugin", "tcp"):
-                vals = []
-                for _ in range(3):
-                    d = tempfile.mkdtemp(prefix="lsnccl-tput")
-                    args = ([str(LIB), d] if transport == "plugin" else [pair.address("b", "nh0"), "6001"])
-                    far = pair.popen("b", [str(TPUT), transport, *args, "b", str(size), str(iters[mode]), mode], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), transport, *args, "a",
-                                           str(size), str(iters[mode]), mode], env=env, capture_output=True, text=True,
-                                          timeout=300)
-                    try:
-                        far.wait(60)
-                    except subprocess.TimeoutExpired:
-                        far.kill()
-                    shutil.rmtree(d, ignore_errors=True)
-                    lines = near.stdout.strip().splitlines()
-                    if not lines:  # recorded, not hidden: the row says how many runs failed
-                        row.setdefault("failed_runs", []).append(f"{transport}: {near.stderr.strip()[-300:]}")
-                        continue
-                    out = json.loads(lines[-1])
-                    vals.append(out["MBps"] if mode == "bw" else out["one_way_us"])
-                row[transport] = statistics.median(vals) if vals else None
-            if row["plugin"] and row["tcp"]:
-                ratio = row["tcp"] / row["plugin"] if mode == "bw" else row["plugin"] / row["tcp"]
-                row["overhead_pct"] = round(ratio * 100 - 100, 1)
+            row: dict = {"size": size, "mode": mode, "load1": os.getloadavg()[0]}
+            vals: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
+            for _ in range(repeats):
+                for transport in TRANSPORTS:
+                    val, err = _tput_once(pair, transport, size, iters[mode], mode)
+                    if val is None:  # recorded, not hidden: the row says how many runs failed
+                        row.setdefault("failed_runs", []).append(f"{transport}: {err}")
+                    else:
+                        vals[transport].append(val)
+            for transport in TRANSPORTS:
+                row[transport] = statistics.median(vals[transport]) if vals[transport] else None
+                row[f"{transport}_runs"] = vals[transport]
+            for transport in ("plugin", "plugin_1stream"):
+                if row[transport] and row["tcp"]:
+                    ratio = row["tcp"] / row[transport] if mode == "bw" else row[transport] / row["tcp"]
+                    row[f"{transport}_overhead_pct"] = round(ratio * 100 - 100, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -238,6 +266,8 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--kinds", default="link_down,loss,flap")
     parser.add_argument("--no-throughput", action="store_true")
+    parser.add_argument("--no-faults", action="store_true", help="only the throughput/latency table")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per throughput cell (median)")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still tear the namespaces down
@@ -248,16 +278,20 @@ def main() -> int:
     try:
         out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                "cpus": os.cpu_count(), "load1_at_start": os.getloadavg()[0], "kernel": platform.release()}
-        out["failover"] = faults(pair, args.faults, args.kinds.split(","))
+        if not args.no_faults:
+            out["failover"] = faults(pair, args.faults, args.kinds.split(","))
         if not args.no_throughput:
-            out["throughput"] = tput(pair)
+            out["throughput"] = tput(pair, args.repeats)
         out["load1_at_end"] = os.getloadavg()[0]
     finally:
         pair.destroy()
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k != "failover"} | {"summary": out["failover"]["summary"],
-                                                                          "intact": out["failover"]["intact"]}, indent=1))
-    return 0 if out["failover"]["intact"] else 1
+    failover = out.get("failover")
+    brief = {k: v for k, v in out.items() if k != "failover"}
+    if failover:
+        brief |= {"summary": failover["summary"], "intact": failover["intact"]}
+    print(json.dumps(brief, indent=1))
+    return 0 if failover is None or failover["intact"] else 1
 
 
 if __name__ == "__main__":

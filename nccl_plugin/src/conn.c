@@ -93,30 +93,26 @@ void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
 
 /* ---- streams ---- */
 
-/* Whether writing the chunk reads the request's own buffer (a copy or no bytes do not; the
- * request may be done and reused meanwhile). */
-#define READS_REQ(ch) ((ch)->len && !(ch)->copy)
-
-static void free_copy(ls_comm *c, ls_chunk *w) {
-    if (!w->copy) return;
-    free(w->copy);
-    w->copy = NULL;
-    c->copy_bytes -= w->len;
+static void chunk_written(ls_comm *c, const ls_chunk *ch) {
+    c->msgs[ch->msg % LS_MAX_MSGS].inflight--;
+    ls_chunk *w = &c->window[ch->seq % LS_WINDOW];
+    if (w->seq == ch->seq) w->inflight = 0;
 }
 
 void ls_stream_close(ls_comm *c, ls_stream *s) {
     if (s->fd < 0) return;
     ls_sock_abort(s->fd);
-    if (s->tx_busy) { /* the chunk was not wholly written: it is sent again */
-        ls_chunk *ch = &s->tx_chunk;
-        if (READS_REQ(ch)) ch->req->inflight--;
-        ls_chunk *w = &c->window[ch->seq % LS_WINDOW];
-        if (w->seq == ch->seq) w->inflight = 0;
-        if (w->seq == ch->seq && ch->seq < c->seq_acked) free_copy(c, w);
+    /* chunks queued or part-written: they are sent again (the receiver drops what it has) */
+    for (int i = 0; i < s->tx_n; i++) {
+        ls_chunk *ch = &s->tx_chunk[i];
+        chunk_written(c, ch);
         if (ch->seq >= c->seq_acked && ch->seq < c->seq_unsent) c->seq_unsent = ch->seq;
     }
+    int had = s->tx_n;
+    free(s->rx_stage);
     memset(s, 0, sizeof *s);
     s->fd = -1;
+    if (had) ls_msgs_free(c);
 }
 
 void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t port) {
@@ -125,61 +121,55 @@ void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t po
     s->fd = ls_sock_connect(&c->device.nics[c->paths[path].local_nic], addr, port);
 }
 
-static void send_complete_check(ls_comm *c) {
-    for (int i = 0; i < LS_MAX_REQS; i++) {
-        ls_req *r = &c->reqs[i];
-        if (r->used && !r->done && r->chunked && (r->copied || (c->seq_acked > r->last_seq && r->inflight == 0)))
-            __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+/* Messages leave in order once acknowledged and no stream still writes from them: a ring
+ * message gives its space back, a zero-copy one completes its isend. */
+void ls_msgs_free(ls_comm *c) {
+    while (c->msg_freed < c->next_chunk_msg) {
+        ls_msg *m = &c->msgs[c->msg_freed % LS_MAX_MSGS];
+        if (c->seq_acked <= m->last_seq || m->inflight) return;
+        if (m->in_ring && m->ring_end > c->ring_tail) c->ring_tail = m->ring_end;
+        if (m->req) __atomic_store_n(&m->req->done, 1, __ATOMIC_RELEASE);
+        c->msg_freed++;
     }
+    if (c->msg_freed == c->next_msg) c->ring_tail = c->ring_head; /* empty: no padding held */
 }
 
 /* The sender cuts posted messages into chunks once their receive is known (credit). */
-static int match_credit(ls_comm *c, ls_req *r) {
+static int match_credit(ls_comm *c, ls_msg *m) {
     if (c->credit_cur >= c->credits_known) return 0;
     __typeof__(c->credits[0]) *cr = &c->credits[c->credit_cur % (LS_MAX_REQS * 2)];
     int slot = -1;
     for (int j = 0; j < cr->n; j++)
-        if (!cr->used[j] && cr->slots[j].tag == r->tag) { slot = j; break; }
+        if (!cr->used[j] && cr->slots[j].tag == m->tag) { slot = j; break; }
     if (slot < 0) {
         protocol_error(c, ncclInvalidUsage, "an isend's tag matches no buffer of the receive posted for it");
         return 0;
     }
-    if (r->size > cr->slots[slot].size) {
+    if (m->size > cr->slots[slot].size) {
         protocol_error(c, ncclInvalidUsage, "an isend is larger than the receive buffer posted for it");
         return 0;
     }
     cr->used[slot] = 1;
-    r->rindex = (uint32_t)c->credit_cur;
-    r->slot = (uint32_t)slot;
-    r->matched = 1;
+    m->rindex = (uint32_t)c->credit_cur;
+    m->slot = (uint32_t)slot;
+    m->matched = 1;
     if (++cr->nused == cr->n) c->credit_cur++;
     return 1;
 }
 
 static void make_chunks(ls_comm *c) {
     while (c->next_chunk_msg < c->next_msg && c->seq_next - c->seq_acked < LS_WINDOW) {
-        ls_req *r = c->send_order[c->next_chunk_msg % LS_MAX_REQS];
-        if (!r->matched && !match_credit(c, r)) return;
-        size_t len = r->size - r->chunk_off;
+        ls_msg *m = &c->msgs[c->next_chunk_msg % LS_MAX_MSGS];
+        if (!m->matched && !match_credit(c, m)) return;
+        size_t len = m->size - m->chunk_off;
         if (len > ls_cfg.chunk_bytes) len = ls_cfg.chunk_bytes;
         ls_chunk *w = &c->window[c->seq_next % LS_WINDOW];
-        if (w->inflight || w->copy) return; /* an older copy of this slot is still being written */
-        if (r->chunk_off == 0) /* small sends complete at once from a copy (bounded), the rest on their acks */
-            r->copied = r->size <= LS_COPY_MAX && c->copy_bytes + r->size <= LS_COPY_BUDGET;
-        *w = (ls_chunk){.seq = c->seq_next, .req = r, .off = r->chunk_off, .len = len, .msg_size = r->size,
-                        .rindex = r->rindex, .slot = r->slot};
-        if (r->copied && len) {
-            w->copy = malloc(len);
-            if (!w->copy) return protocol_error(c, ncclSystemError, "out of memory for a send copy");
-            memcpy(w->copy, (char *)r->data + r->chunk_off, len);
-            c->copy_bytes += len;
-        }
-        r->chunk_off += len;
-        r->last_seq = c->seq_next++;
-        if (r->chunk_off >= r->size) {
-            r->chunked = 1;
-            c->next_chunk_msg++;
-        }
+        if (w->inflight) return; /* an older chunk of this slot is still being written */
+        *w = (ls_chunk){.seq = c->seq_next, .msg = c->next_chunk_msg, .off = m->chunk_off, .len = len,
+                        .msg_size = m->size, .rindex = m->rindex, .slot = m->slot};
+        m->chunk_off += len;
+        m->last_seq = c->seq_next++;
+        if (m->chunk_off >= m->size) c->next_chunk_msg++;
     }
 }
 
@@ -189,17 +179,24 @@ static int take_chunk(ls_comm *c, ls_stream *s) {
     ls_chunk *w = &c->window[c->seq_unsent % LS_WINDOW];
     if (w->seq < c->seq_acked || w->seq >= c->seq_next) return 0;
     w->inflight = 1;
-    if (READS_REQ(w)) w->req->inflight++;
-    s->tx_chunk = *w;
-    s->tx_hdr = (ls_hdr){.type = LS_MAGIC << 16 | LS_DATA, .len = (uint32_t)w->len, .a = w->seq,
-                         .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot};
+    c->msgs[w->msg % LS_MAX_MSGS].inflight++;
+    int i = s->tx_n++;
+    s->tx_chunk[i] = *w;
+    s->tx_hdr[i] = (ls_hdr){.type = LS_MAGIC << 16 | LS_DATA, .len = (uint32_t)w->len, .a = w->seq,
+                            .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot};
     s->tx_busy = 1;
-    s->tx_done = 0;
     c->seq_unsent++;
     return 1;
 }
 
-/* Writes what the stream has: control frames at frame boundaries, then data chunks (connector,
+static size_t queued_bytes(const ls_stream *s) {
+    size_t n = 0;
+    for (int i = 0; i < s->tx_n; i++) n += s->tx_chunk[i].len;
+    return n;
+}
+
+/* Writes what the stream has with one sendmsg per round: the rest of a part-written data
+ * frame, then control frames (a frame boundary), then up to LS_TXQ data frames (connector,
  * active path). Returns -1 when the stream failed (the path is dead then). */
 static int stream_write(ls_comm *c, int path, ls_stream *s) {
     ls_path *p = &c->paths[path];
@@ -215,39 +212,66 @@ static int stream_write(ls_comm *c, int path, ls_stream *s) {
         s->hello_done = 1;
     }
     for (;;) {
-        if (!s->tx_busy && s->tx_ctrl_off < s->tx_ctrl_len) {
-            ssize_t n = send(s->fd, s->tx_ctrl + s->tx_ctrl_off, s->tx_ctrl_len - s->tx_ctrl_off, SEND_FLAGS);
-            if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-            s->tx_ctrl_off += (size_t)n;
-            if (s->tx_ctrl_off < s->tx_ctrl_len) return 0;
-            continue;
+        if (c->is_send && path == c->active && p->state == LS_PATH_UP) /* a bounded share each: the streams take turns */
+            while (s->tx_n < LS_TXQ && queued_bytes(s) < 2 * ls_cfg.chunk_bytes && take_chunk(c, s)) {}
+        struct iovec iov[2 * LS_TXQ + 2];
+        int niov = 0, first = 0;
+        if (s->tx_n && s->tx_done) { /* finish the part-written frame first */
+            size_t hdr_left = s->tx_done < sizeof(ls_hdr) ? sizeof(ls_hdr) - s->tx_done : 0;
+            if (hdr_left) iov[niov++] = (struct iovec){(char *)&s->tx_hdr[0] + s->tx_done, hdr_left};
+            size_t pay_done = s->tx_done - (sizeof(ls_hdr) - hdr_left);
+            ls_chunk *ch = &s->tx_chunk[0];
+            if (ch->len > pay_done)
+                iov[niov++] = (struct iovec){c->msgs[ch->msg % LS_MAX_MSGS].data + ch->off + pay_done, ch->len - pay_done};
+            first = 1;
         }
-        if (!s->tx_busy) {
-            if (!c->is_send || path != c->active || p->state != LS_PATH_UP || !take_chunk(c, s)) return 0;
+        size_t ctrl = s->tx_ctrl_len - s->tx_ctrl_off;
+        if (ctrl) iov[niov++] = (struct iovec){s->tx_ctrl + s->tx_ctrl_off, ctrl};
+        for (int i = first; i < s->tx_n; i++) {
+            ls_chunk *ch = &s->tx_chunk[i];
+            iov[niov++] = (struct iovec){&s->tx_hdr[i], sizeof(ls_hdr)};
+            if (ch->len) iov[niov++] = (struct iovec){c->msgs[ch->msg % LS_MAX_MSGS].data + ch->off, ch->len};
         }
-        struct iovec iov[2];
-        int niov = 0;
-        size_t hdr_left = s->tx_done < sizeof s->tx_hdr ? sizeof s->tx_hdr - s->tx_done : 0;
-        if (hdr_left) iov[niov++] = (struct iovec){(char *)&s->tx_hdr + s->tx_done, hdr_left};
-        size_t pay_done = s->tx_done - (sizeof s->tx_hdr - hdr_left);
-        if (s->tx_chunk.len > pay_done)
-            iov[niov++] = (struct iovec){s->tx_chunk.copy ? s->tx_chunk.copy + pay_done
-                                                          : (char *)s->tx_chunk.req->data + s->tx_chunk.off + pay_done,
-                                         s->tx_chunk.len - pay_done};
-        ssize_t n = 0;
-        if (niov) {
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-            n = sendmsg(s->fd, &mh, SEND_FLAGS);
-            if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        if (!niov) return 0;
+        size_t total = 0;
+        for (int i = 0; i < niov; i++) total += iov[i].iov_len;
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t sent = sendmsg(s->fd, &mh, SEND_FLAGS);
+        if (sent < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        size_t n = (size_t)sent;
+        int done_frames = 0;
+        if (first) { /* the part-written frame */
+            size_t left = sizeof(ls_hdr) + s->tx_chunk[0].len - s->tx_done;
+            size_t take = n < left ? n : left;
+            s->tx_done += take;
+            n -= take;
+            if (take == left) done_frames = 1, s->tx_done = 0;
         }
-        s->tx_done += (size_t)n;
-        if (s->tx_done < sizeof s->tx_hdr + s->tx_chunk.len) return 0;
-        s->tx_busy = 0;
-        if (READS_REQ(&s->tx_chunk)) s->tx_chunk.req->inflight--;
-        ls_chunk *w = &c->window[s->tx_chunk.seq % LS_WINDOW];
-        if (w->seq == s->tx_chunk.seq) w->inflight = 0;
-        if (w->seq == s->tx_chunk.seq && s->tx_chunk.seq < c->seq_acked) free_copy(c, w);
-        send_complete_check(c);
+        if (!first || done_frames) { /* then the control frames */
+            size_t take = n < ctrl ? n : ctrl;
+            s->tx_ctrl_off += take;
+            n -= take;
+            if (s->tx_ctrl_off == s->tx_ctrl_len) s->tx_ctrl_off = s->tx_ctrl_len = 0;
+        }
+        for (int i = done_frames; i < s->tx_n && n; i++) { /* then whole data frames */
+            size_t frame = sizeof(ls_hdr) + s->tx_chunk[i].len;
+            if (n >= frame) {
+                n -= frame;
+                done_frames = i + 1;
+            } else {
+                s->tx_done = n;
+                n = 0;
+            }
+        }
+        for (int i = 0; i < done_frames; i++) chunk_written(c, &s->tx_chunk[i]);
+        if (done_frames) {
+            memmove(s->tx_chunk, s->tx_chunk + done_frames, (size_t)(s->tx_n - done_frames) * sizeof s->tx_chunk[0]);
+            memmove(s->tx_hdr, s->tx_hdr + done_frames, (size_t)(s->tx_n - done_frames) * sizeof s->tx_hdr[0]);
+            s->tx_n -= done_frames;
+            s->tx_busy = s->tx_n > 0;
+            ls_msgs_free(c);
+        }
+        if ((size_t)sent < total) return 0; /* the socket is full */
     }
 }
 
@@ -287,6 +311,7 @@ static void on_data_header(ls_comm *c, ls_stream *s) {
     s->rx_dest = NULL;
     if (seq < c->cum || (seq < c->cum + LS_WINDOW && seen_bit(c, seq))) {
         c->dup_chunks++;
+        c->ack_now = 1; /* a resend whose ack was lost: without a new one the sender never frees it */
         return;
     }
     if (seq >= c->cum + LS_WINDOW) return protocol_error(c, ncclInternalError, "a chunk beyond the window");
@@ -309,10 +334,6 @@ static void on_data_end(ls_comm *c, ls_stream *s) {
 static void on_ack(ls_comm *c, uint64_t cum) {
     if (cum > c->seq_next) return protocol_error(c, ncclInternalError, "an ack beyond what was sent");
     if (cum <= c->seq_acked) return;
-    for (uint64_t q = c->seq_acked; q < cum; q++) { /* acknowledged copies go (unless being written) */
-        ls_chunk *w = &c->window[q % LS_WINDOW];
-        if (w->seq == q && !w->inflight) free_copy(c, w);
-    }
     c->seq_acked = cum;
     uint64_t now = ls_now_ms();
     if (c->ack_before_failover_ms) { /* the first data acknowledged since the failover */
@@ -328,7 +349,7 @@ static void on_ack(ls_comm *c, uint64_t cum) {
     }
     c->last_ack_ms = now;
     if (c->seq_unsent < cum) c->seq_unsent = cum;
-    send_complete_check(c);
+    ls_msgs_free(c);
 }
 
 static void on_credit(ls_comm *c, const ls_hdr *h, const char *payload) {
@@ -376,59 +397,94 @@ static void on_frame(ls_comm *c, int path, ls_stream *s) {
     }
 }
 
-/* Reads what the stream has. Returns -1 when it failed or the peer closed it. */
+/* A frame's header is complete: sets up where its payload goes. -1: the stream must close. */
+static int begin_frame(ls_comm *c, int path, ls_stream *s) {
+    if (s->rx_hdr.type >> 16 != LS_MAGIC) {
+        protocol_error(c, ncclInternalError, "a frame without the plugin's magic");
+        return -1;
+    }
+    uint32_t kind = s->rx_hdr.type & 0xffff;
+    s->rx_in_payload = 1;
+    s->rx_left = s->rx_hdr.len;
+    s->rx_payload_got = 0;
+    s->rx_dest = NULL;
+    if (kind == LS_DATA) {
+        if (c->is_send) return -1;
+        c->ack_path = path;
+        on_data_header(c, s);
+        if (c->error) return -1;
+    } else if (s->rx_hdr.len > sizeof s->rx_small) {
+        protocol_error(c, ncclInternalError, "a control frame too long");
+        return -1;
+    }
+    return 0;
+}
+
+/* Where the next payload bytes go: the posted buffer, the control buffer, or nowhere (NULL). */
+static char *payload_dest(ls_stream *s) {
+    if ((s->rx_hdr.type & 0xffff) != LS_DATA) return s->rx_small + s->rx_payload_got;
+    return s->rx_dest ? s->rx_dest + s->rx_payload_got : NULL;
+}
+
+/* Reads what the stream has: into the stage (many small frames per recv, their payloads copied
+ * out), or straight into the posted buffer for the rest of a long payload. Returns -1 when the
+ * stream failed or the peer closed it. */
 static int stream_read(ls_comm *c, int path, ls_stream *s) {
-    char sink[65536];
+    if (!s->rx_stage && !(s->rx_stage = malloc(LS_RX_STAGE))) {
+        protocol_error(c, ncclSystemError, "out of memory for a read buffer");
+        return -1;
+    }
     size_t budget = READ_BUDGET;
-    while (budget) {
-        ssize_t n;
-        if (!s->rx_in_payload) {
-            n = recv(s->fd, (char *)&s->rx_hdr + s->rx_hdr_got, sizeof s->rx_hdr - s->rx_hdr_got, MSG_DONTWAIT);
-        } else {
-            size_t want = s->rx_left < budget ? s->rx_left : budget;
-            char *dst = s->rx_dest ? s->rx_dest + s->rx_payload_got
-                        : (s->rx_hdr.type & 0xffff) == LS_DATA ? sink : s->rx_small + s->rx_payload_got;
-            if (dst == sink && want > sizeof sink) want = sizeof sink;
-            n = want ? recv(s->fd, dst, want, MSG_DONTWAIT) : 0;
-            if (!want) goto payload_done;
+    int drained = 0; /* the last recv got less than it asked for: the socket is (very likely) empty */
+    for (;;) {
+        while (s->rx_stage_off < s->rx_stage_len || (s->rx_in_payload && !s->rx_left)) {
+            const char *src = s->rx_stage + s->rx_stage_off;
+            size_t avail = s->rx_stage_len - s->rx_stage_off;
+            if (!s->rx_in_payload) {
+                size_t take = sizeof s->rx_hdr - s->rx_hdr_got;
+                if (take > avail) take = avail;
+                memcpy((char *)&s->rx_hdr + s->rx_hdr_got, src, take);
+                s->rx_stage_off += take;
+                s->rx_hdr_got += take;
+                if (s->rx_hdr_got < sizeof s->rx_hdr) break;
+                s->rx_hdr_got = 0;
+                if (begin_frame(c, path, s) != 0) return -1;
+                continue;
+            }
+            size_t take = s->rx_left < avail ? s->rx_left : avail;
+            char *dst = payload_dest(s);
+            if (dst && take) memcpy(dst, src, take);
+            s->rx_stage_off += take;
+            s->rx_left -= take;
+            s->rx_payload_got += take;
+            if (s->rx_left) break;
+            s->rx_in_payload = 0;
+            on_frame(c, path, s);
+            if (c->error || s->fd < 0) return c->error ? -1 : 0;
         }
+        if (!budget || drained) return 0; /* saves the recv that would only say EAGAIN */
+        ssize_t n;
+        size_t want;
+        char *dst = s->rx_in_payload ? payload_dest(s) : NULL;
+        if (dst && (s->rx_hdr.type & 0xffff) == LS_DATA && s->rx_left >= LS_RX_STAGE / 2) {
+            want = s->rx_left < budget ? s->rx_left : budget;
+            n = recv(s->fd, dst, want, MSG_DONTWAIT);
+            if (n > 0) {
+                s->rx_left -= (size_t)n;
+                s->rx_payload_got += (size_t)n;
+            }
+        } else {
+            s->rx_stage_off = s->rx_stage_len = 0;
+            want = LS_RX_STAGE;
+            n = recv(s->fd, s->rx_stage, want, MSG_DONTWAIT);
+            if (n > 0) s->rx_stage_len = (size_t)n;
+        }
+        drained = n > 0 && (size_t)n < want;
         if (n == 0) return -1;
         if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         c->paths[path].last_rx_ms = ls_now_ms();
         budget -= (size_t)n < budget ? (size_t)n : budget;
-        if (!s->rx_in_payload) {
-            s->rx_hdr_got += (size_t)n;
-            if (s->rx_hdr_got < sizeof s->rx_hdr) continue;
-            s->rx_hdr_got = 0;
-            if (s->rx_hdr.type >> 16 != LS_MAGIC) {
-                protocol_error(c, ncclInternalError, "a frame without the plugin's magic");
-                return -1;
-            }
-            uint32_t kind = s->rx_hdr.type & 0xffff;
-            s->rx_in_payload = 1;
-            s->rx_left = s->rx_hdr.len;
-            s->rx_payload_got = 0;
-            s->rx_dest = NULL;
-            if (kind == LS_DATA) {
-                if (c->is_send) return -1;
-                on_data_header(c, s);
-                if (c->error) return -1;
-            } else if (s->rx_hdr.len > sizeof s->rx_small) {
-                protocol_error(c, ncclInternalError, "a control frame too long");
-                return -1;
-            }
-            if (s->rx_left) continue;
-        } else {
-            s->rx_left -= (size_t)n;
-            s->rx_payload_got += (size_t)n;
-            if (s->rx_left) continue;
-        }
-    payload_done:
-        s->rx_in_payload = 0;
-        on_frame(c, path, s);
-        if (c->error || s->fd < 0) return c->error ? -1 : 0;
     }
-    return 0;
 }
 
 /* ---- the acceptor's listeners: later streams and paths of this connection ---- */
@@ -497,13 +553,19 @@ static void accept_on(ls_comm *c, int lfd, uint64_t now) {
     }
 }
 
-/* One round of non-blocking I/O on every stream: read what arrived, cut chunks, write what can
- * be written, acknowledge. Run by the progress thread after each poll and, when the lock is
- * free, by NCCL's own calls (isend/irecv/test), which saves a thread wake-up per message. */
-void ls_progress_pass(ls_comm *c, int from_caller) {
-    if (from_caller) c->caller_pass_us = ls_now_us();
+/* The path data moves on: the sender's active one, where the receiver last got data. */
+static int hot_path(const ls_comm *c) { return c->is_send ? c->active : c->ack_path; }
+
+/* One round of non-blocking I/O: read what arrived, cut chunks, write what can be written,
+ * acknowledge. NCCL's own calls (isend/irecv/test, `LS_PASS_HOT`) do it on the path data moves
+ * on only, which saves a thread wake-up per message and the syscalls on idle standbys; the
+ * progress thread does the rest (`LS_PASS_COLD` while NCCL keeps calling, else `LS_PASS_ALL`). */
+void ls_progress_pass(ls_comm *c, int which) {
+    if (which == LS_PASS_HOT) c->caller_pass_us = ls_now_us();
+    int hot = hot_path(c);
+#define SKIP_PATH(p) ((which == LS_PASS_HOT && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
@@ -514,7 +576,7 @@ void ls_progress_pass(ls_comm *c, int from_caller) {
     if (c->is_send) make_chunks(c);
     /* write everything that can be written (cheap when nothing is ready) */
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && stream_write(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
@@ -522,13 +584,28 @@ void ls_progress_pass(ls_comm *c, int from_caller) {
                 break;
             }
         }
-    if (!c->is_send && c->cum != c->acked_sent) {
-        for (int p = 0; p < c->npaths; p++) ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
-        c->acked_sent = c->cum;
-        for (int p = 0; p < c->npaths; p++)
-            if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
-                ls_path_dead(c, p, "socket closed or failed");
-    }
+#undef SKIP_PATH
+    if (!c->is_send) ls_ack(c, 0);
+}
+
+/* Cumulative acks, batched: at once after a duplicate, else every LS_ACK_CHUNKS chunks or
+ * LS_ACK_US (the sender needs them only to free its retransmit ring), and whenever `flush`.
+ * They go where data last arrived; heartbeats carry the same ack on every path. */
+void ls_ack(ls_comm *c, int flush) {
+    uint64_t now = ls_now_us();
+    if (!c->ack_now && (c->cum == c->acked_sent ||
+                        (!flush && c->cum - c->acked_sent < LS_ACK_CHUNKS && now - c->acked_sent_us < LS_ACK_US)))
+        return;
+    int p = c->ack_path;
+    if (c->paths[p].state != LS_PATH_UP) p = 0;
+    while (p < c->npaths && c->paths[p].state != LS_PATH_UP) p++;
+    if (p == c->npaths) return;
+    ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
+    c->acked_sent = c->cum;
+    c->acked_sent_us = now;
+    c->ack_now = 0;
+    if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
+        ls_path_dead(c, p, "socket closed or failed");
 }
 
 /* ---- the loop ---- */
@@ -549,9 +626,12 @@ static void *progress(void *arg) {
             pfd[n] = (struct pollfd){.fd = c->netlink_fd, .events = POLLIN};
             what[n++].kind = W_NETLINK;
         }
-        /* While NCCL keeps calling test() it moves the data itself; the thread then stays out
-         * of its way (no lock hand-offs per message) and only keeps time: heartbeats, timeouts. */
-        int caller_driving = ls_now_us() - c->caller_pass_us < 2000;
+        /* While NCCL keeps calling test() on receives it moves the data itself; the thread then
+         * stays off that path (no lock hand-offs per message) and keeps time and the standbys.
+         * A sender's isends complete at once, so NCCL stops calling while data still waits for
+         * credits or socket space: the sender's thread always watches every stream. */
+        int caller_driving = !c->is_send && ls_now_us() - c->caller_pass_us < 2000;
+        int hot = hot_path(c);
         int any_pending = 0;
         for (int p = 0; p < c->npaths; p++) {
             if (c->paths[p].listen_fd >= 0) {
@@ -561,7 +641,7 @@ static void *progress(void *arg) {
             }
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
                 ls_stream *st = &c->paths[p].streams[s];
-                if (st->fd < 0 || caller_driving) continue;
+                if (st->fd < 0 || (caller_driving && p == hot)) continue;
                 short ev = POLLIN;
                 if ((c->is_send && !st->hello_done) || st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len ||
                     (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
@@ -578,7 +658,7 @@ static void *progress(void *arg) {
                 what[n++].kind = W_PENDING;
                 any_pending = 1;
             }
-        int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 10;
+        int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 20; /* the liveness check's granularity */
         pthread_mutex_unlock(&c->lock);
         poll(pfd, (nfds_t)n, timeout);
         pthread_mutex_lock(&c->lock);
@@ -596,7 +676,8 @@ static void *progress(void *arg) {
             } /* streams: the pass below reads and writes every one of them */
         }
         if (any_pending) poll_pending(c, now);
-        if (!caller_driving) ls_progress_pass(c, 0);
+        ls_progress_pass(c, caller_driving ? LS_PASS_COLD : LS_PASS_ALL);
+        if (!c->is_send) ls_ack(c, 1); /* whatever a pass held back goes now */
         ls_paths_tick(c, ls_now_ms()); /* after the reads: their times are not in the future */
     }
     pthread_mutex_unlock(&c->lock);
@@ -614,19 +695,31 @@ void ls_comm_free(ls_comm *c) {
     if (!c) return;
     if (c->thread_started) {
         pthread_mutex_lock(&c->lock);
+        /* isends completed from the ring before the peer had their bytes: closing now would
+         * lose them, so a send comm first waits (the progress thread works meanwhile) until
+         * every message is acknowledged, or no path is left, or LOCKSTEP_NCCL_GIVEUP_MS */
+        uint64_t deadline = ls_now_ms() + (uint64_t)ls_cfg.giveup_ms;
+        while (c->is_send && c->established && c->error == ncclSuccess && c->msg_freed < c->next_msg &&
+               ls_now_ms() < deadline) {
+            pthread_mutex_unlock(&c->lock);
+            usleep(1000);
+            pthread_mutex_lock(&c->lock);
+        }
         c->stop = 1;
         pthread_mutex_unlock(&c->lock);
         ls_comm_wake(c);
         pthread_join(c->thread, NULL);
     }
     for (int p = 0; p < LS_MAX_NICS; p++) {
-        for (int s = 0; s < LS_MAX_STREAMS; s++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
             if (c->paths[p].streams[s].fd >= 0) close(c->paths[p].streams[s].fd);
+            free(c->paths[p].streams[s].rx_stage);
+        }
         if (c->paths[p].listen_fd >= 0) close(c->paths[p].listen_fd);
     }
     for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
         if (c->pending_fds[i] >= 0) close(c->pending_fds[i]);
-    for (int i = 0; i < LS_WINDOW; i++) free(c->window[i].copy);
+    free(c->ring);
     if (c->wake_fd >= 0) close(c->wake_fd);
     if (c->netlink_fd >= 0) close(c->netlink_fd);
     pthread_mutex_destroy(&c->lock);

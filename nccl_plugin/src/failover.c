@@ -145,23 +145,39 @@ void ls_path_start_connect(ls_comm *c, int path) {
     if (p->streams[0].fd < 0) ls_path_dead(c, path, "connect failed");
 }
 
+/* Time from t to now; 0 when t is later (a path that died or came up within this tick stamps
+ * the clock after `now` was read: unsigned, that would be an age of 584 million years, and an
+ * instant give-up). */
+static uint64_t since(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
 void ls_paths_tick(ls_comm *c, uint64_t now) {
-    uint64_t hb_every = (uint64_t)ls_cfg.heartbeat_ms / 3;
+    /* Heartbeats every quarter of LOCKSTEP_NCCL_HEARTBEAT_MS; a path that was silent (no data,
+     * ack or heartbeat) for three quarters of it is dead, so with the poll granularity and a
+     * late wake-up detection still fits in the configured time. */
+    uint64_t hb_every = (uint64_t)ls_cfg.heartbeat_ms / 4, silent_max = (uint64_t)ls_cfg.heartbeat_ms * 3 / 4;
+    /* Time this thread did not run (a starved process: poll returns every 1/20 of the threshold
+     * otherwise) is not silence of the paths: their stamps move on by it. What arrived meanwhile
+     * was read by the pass just before; only a peer that sent nothing counts. */
+    uint64_t gap = since(now, c->last_tick_ms);
+    if (c->last_tick_ms && gap > hb_every)
+        for (int i = 0; i < c->npaths; i++)
+            if (c->paths[i].state == LS_PATH_UP) c->paths[i].last_rx_ms += gap - hb_every;
+    c->last_tick_ms = now;
     for (int i = 0; i < c->npaths; i++) {
         ls_path *p = &c->paths[i];
         if (p->state == LS_PATH_UP) {
-            if (now - p->last_rx_ms > (uint64_t)ls_cfg.heartbeat_ms) {
+            if (since(now, p->last_rx_ms) > silent_max) {
                 ls_path_dead(c, i, "heartbeat missed");
                 continue;
             }
-            if (now - p->last_hb_ms >= hb_every) {
+            if (since(now, p->last_hb_ms) >= hb_every) {
                 p->last_hb_ms = now;
                 ls_queue_on_path(c, i, LS_HEARTBEAT, c->is_send ? 0 : c->cum, NULL, 0);
             }
-            if (now - p->up_since_ms >= (uint64_t)ls_cfg.failback_stable_ms) p->backoff_ms = ls_cfg.failback_min_ms;
+            if (since(now, p->up_since_ms) >= (uint64_t)ls_cfg.failback_stable_ms) p->backoff_ms = ls_cfg.failback_min_ms;
         } else if (p->state == LS_PATH_CONNECTING) {
-            if (now - p->connect_started_ms > (uint64_t)ls_cfg.connect_timeout_ms) ls_path_dead(c, i, "connect timed out");
-        } else if (c->is_send && !p->carrier && now - p->carrier_checked_ms >= 500) {
+            if (since(now, p->connect_started_ms) > (uint64_t)ls_cfg.connect_timeout_ms) ls_path_dead(c, i, "connect timed out");
+        } else if (c->is_send && !p->carrier && since(now, p->carrier_checked_ms) >= 500) {
             /* netlink may have dropped the "up" (a full socket buffer while links flap): ask sysfs */
             p->carrier_checked_ms = now;
             p->carrier = ls_carrier(c->device.nics[p->local_nic].name);
@@ -172,7 +188,7 @@ void ls_paths_tick(ls_comm *c, uint64_t now) {
     if (c->is_send && c->active > 0) { /* fail back to a better path that has stayed up */
         for (int i = 0; i < c->active; i++) {
             ls_path *p = &c->paths[i];
-            if (p->state == LS_PATH_UP && now - p->up_since_ms >= (uint64_t)ls_cfg.failback_stable_ms) {
+            if (p->state == LS_PATH_UP && since(now, p->up_since_ms) >= (uint64_t)ls_cfg.failback_stable_ms) {
                 int from = c->active;
                 c->active = i;
                 c->failbacks++;
@@ -183,7 +199,7 @@ void ls_paths_tick(ls_comm *c, uint64_t now) {
         }
     }
     int none = best_up_path(c, -1) < 0;
-    if (none && c->no_path_since_ms && now - c->no_path_since_ms > (uint64_t)ls_cfg.giveup_ms &&
+    if (none && c->no_path_since_ms && since(now, c->no_path_since_ms) > (uint64_t)ls_cfg.giveup_ms &&
         c->error == ncclSuccess) {
         LS_WARN("%s comm %p: no path left for %d ms; giving up", ls_role(c), (void *)c, ls_cfg.giveup_ms);
         ls_event_path_state(c, -1, "failed", "no path left");

@@ -217,28 +217,56 @@ static ls_req *free_req(ls_comm *c) {
     return NULL;
 }
 
+/* Where a message of `size` bytes would start in the retransmit ring (never wrapping), or
+ * UINT64_MAX while the ring has no room for it. */
+static uint64_t ring_place(const ls_comm *c, size_t size) {
+    size_t cap = ls_cfg.retransmit_bytes;
+    uint64_t start = c->ring_head;
+    if (start % cap + size > cap) start += cap - start % cap; /* skip the tail end */
+    /* an empty ring holds no padding either (else a message above half the ring could wait for
+     * ever behind the skipped tail end) */
+    uint64_t tail = c->ring_tail == c->ring_head ? start : c->ring_tail;
+    return start + size - tail <= cap ? start : UINT64_MAX;
+}
+
+/* A message that fits the retransmit ring is copied there and its request is done at once (the
+ * ring keeps it until acknowledged, for a resend over a standby); a full ring or request table
+ * is a NULL request, which NCCL retries. Only a message larger than the whole ring is sent from
+ * the caller's buffer and completes on its acknowledgement. */
 ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **request) {
     ls_comm *c = send_comm;
     *request = NULL;
     if (size > INT_MAX) return ncclInvalidArgument;
     pthread_mutex_lock(&c->lock);
     ncclResult_t rc = c->error;
-    ls_req *r = rc == ncclSuccess && c->next_msg - c->next_chunk_msg < LS_MAX_REQS ? free_req(c) : NULL;
+    int in_ring = ls_cfg.retransmit_bytes && size <= ls_cfg.retransmit_bytes;
+    if (in_ring && !c->ring && ls_cfg.retransmit_bytes && !(c->ring = malloc(ls_cfg.retransmit_bytes)))
+        rc = ncclSystemError;
+    uint64_t start = in_ring && rc == ncclSuccess ? ring_place(c, size) : 0;
+    ls_req *r = rc == ncclSuccess && start != UINT64_MAX && c->next_msg - c->msg_freed < LS_MAX_MSGS ? free_req(c) : NULL;
     if (r) {
         ls_comm *owner = r->comm;
         memset(r, 0, sizeof *r);
         r->comm = owner;
         r->is_send = 1;
         r->used = 1;
-        r->data = data;
         r->size = size;
-        r->tag = tag;
-        c->send_order[c->next_msg++ % LS_MAX_REQS] = r;
+        ls_msg *m = &c->msgs[c->next_msg++ % LS_MAX_MSGS];
+        *m = (ls_msg){.size = size, .tag = tag, .in_ring = in_ring};
+        if (in_ring) {
+            m->data = c->ring ? c->ring + start % ls_cfg.retransmit_bytes : NULL;
+            if (size) memcpy(m->data, data, size);
+            if (c->ring_tail == c->ring_head) c->ring_tail = start;
+            m->ring_end = c->ring_head = start + size;
+            r->done = 1;
+        } else {
+            m->data = data;
+            m->req = r;
+        }
         *request = r;
-        ls_progress_pass(c, 1);
     }
-    /* No wake-up of the progress thread: NCCL now calls test(), which moves the data; the
-     * thread takes over within 2 ms once NCCL stops calling. */
+    /* the new message moves now; a NULL request's retry finds the acks read meanwhile */
+    if (rc == ncclSuccess) ls_progress_pass(c, LS_PASS_HOT);
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -267,7 +295,7 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
         c->recv_order[r->index % LS_MAX_REQS] = r;
         for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
-        ls_progress_pass(c, 1);
+        ls_progress_pass(c, LS_PASS_HOT);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -287,7 +315,7 @@ ncclResult_t ls_test(void *request, int *done, int *sizes) {
     *done = 0;
     if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
         if (pthread_mutex_trylock(&c->lock) == 0) {
-            ls_progress_pass(c, 1);
+            ls_progress_pass(c, LS_PASS_HOT);
             pthread_mutex_unlock(&c->lock);
         }
         if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return __atomic_load_n(&c->error, __ATOMIC_ACQUIRE);

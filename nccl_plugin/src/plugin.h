@@ -38,8 +38,11 @@
 #define LS_MAX_RECVS 8     /* buffers of one grouped receive */
 #define LS_MAX_REQS NCCL_NET_MAX_REQUESTS
 #define LS_WINDOW 1024     /* chunks in flight (sent, not yet acknowledged) per comm */
-#define LS_COPY_MAX 65536  /* sends up to this size complete from a copy, before their acks */
-#define LS_COPY_BUDGET (8u << 20) /* bytes of such copies per comm */
+#define LS_MAX_MSGS 1024   /* isends posted and not yet acknowledged, per comm */
+#define LS_TXQ 16          /* data frames one stream writes with one sendmsg */
+#define LS_RX_STAGE 32768  /* a stream's read buffer: many small frames per recv */
+#define LS_ACK_CHUNKS 32   /* the receiver acks at least every this many chunks ... */
+#define LS_ACK_US 200      /* ... or this often while chunks arrive */
 
 /* ---- config.c ---- */
 typedef struct {
@@ -61,6 +64,7 @@ typedef struct {
     int heartbeat_ms;
     int streams;
     size_t chunk_bytes;
+    size_t retransmit_bytes;
     int giveup_ms;
     int connect_timeout_ms;
     int failback_min_ms;
@@ -151,16 +155,7 @@ typedef struct {
     int used;
     int done;
     /* send */
-    void *data;
     size_t size;
-    int tag;
-    uint64_t last_seq;   /* valid once chunked */
-    int chunked;         /* every chunk created */
-    size_t chunk_off;    /* next byte to chunk */
-    uint32_t rindex, slot;
-    int matched;
-    int inflight;        /* chunks being written from `data` right now */
-    int copied;          /* every chunk is a copy: done without waiting for the acks */
     /* recv */
     int n;
     uint64_t index;
@@ -172,12 +167,27 @@ typedef struct {
     int seen[LS_MAX_RECVS];
 } ls_req;
 
+/* A posted isend. Its bytes are in the retransmit ring (the isend completed at once) or, for a
+ * message larger than the ring, in the caller's buffer (`req` completes on the acks). */
+typedef struct {
+    char *data;
+    size_t size;
+    int tag;
+    ls_req *req;         /* zero-copy only */
+    int in_ring;
+    uint64_t ring_end;   /* ring counter past its bytes: the ring is free up to here once it is acked */
+    size_t chunk_off;    /* next byte to cut into a chunk */
+    int matched;
+    uint32_t rindex, slot;
+    uint64_t last_seq;   /* valid once every chunk is cut */
+    int inflight;        /* its chunks being written right now (its bytes must stay) */
+} ls_msg;
+
 typedef struct {
     uint64_t seq;
-    ls_req *req;
+    uint64_t msg;        /* message number */
     size_t off, len;
-    int inflight; /* being written on an open stream: not taken again until that ends */
-    char *copy;   /* a small message's bytes, kept until acknowledged (its send completed early) */
+    int inflight;        /* being written on an open stream: not taken again until that ends */
     uint64_t msg_size;
     uint32_t rindex, slot;
 } ls_chunk;
@@ -193,13 +203,16 @@ typedef struct {
     size_t rx_left, rx_payload_got;
     int rx_discard;
     char rx_small[sizeof(ls_hello_ack) + LS_MAX_RECVS * sizeof(ls_credit_slot)];
-    /* tx: control frames first, at frame boundaries; then one data chunk at a time */
+    char *rx_stage;         /* LS_RX_STAGE bytes read ahead, [rx_stage_off, rx_stage_len) not parsed yet */
+    size_t rx_stage_off, rx_stage_len;
+    /* tx: control frames at frame boundaries, data frames queued (one sendmsg writes several) */
     char tx_ctrl[65536];
     size_t tx_ctrl_len, tx_ctrl_off;
-    int tx_busy;            /* a data frame is partly written */
-    ls_hdr tx_hdr;
-    ls_chunk tx_chunk;
-    size_t tx_done;         /* bytes of header + payload written */
+    int tx_busy;            /* data frames queued */
+    int tx_n;
+    ls_hdr tx_hdr[LS_TXQ];
+    ls_chunk tx_chunk[LS_TXQ];
+    size_t tx_done;         /* bytes of tx_chunk[0]'s header + payload written */
 } ls_stream;
 
 enum { LS_PATH_DOWN = 0, LS_PATH_CONNECTING, LS_PATH_UP };
@@ -242,13 +255,18 @@ typedef struct ls_comm {
     ls_path paths[LS_MAX_NICS];
     int active;             /* connector: the path carrying data, -1 while none is up */
     uint64_t no_path_since_ms;
+    uint64_t last_tick_ms;  /* the progress thread's previous tick: a longer gap means it was starved */
     uint64_t failover_started_ms;
     uint64_t last_ack_ms;        /* connector: when the cumulative ack last moved */
     uint64_t ack_before_failover_ms; /* set at a failover; 0 once data moves again */
     ls_req reqs[LS_MAX_REQS];
     /* connector */
+    ls_msg msgs[LS_MAX_MSGS];
     uint64_t next_msg;      /* isends posted */
     uint64_t next_chunk_msg;/* the message being cut into chunks */
+    uint64_t msg_freed;     /* messages before it are acknowledged and gone */
+    char *ring;             /* the retransmit ring (LOCKSTEP_NCCL_RETRANSMIT_BYTES), allocated on first use */
+    uint64_t ring_head, ring_tail; /* byte counters: [tail, head) holds unacknowledged messages */
     uint64_t seq_next, seq_acked, seq_unsent;
     ls_chunk window[LS_WINDOW];
     uint64_t credits_known;
@@ -259,17 +277,18 @@ typedef struct ls_comm {
         int nused;
     } credits[LS_MAX_REQS * 2];
     uint64_t credit_cur;
-    ls_req *send_order[LS_MAX_REQS]; /* posted isends by message index % LS_MAX_REQS */
     /* acceptor */
     uint64_t recv_next;     /* receives posted */
     uint64_t cum;           /* every seq below was received */
     uint64_t acked_sent;
+    uint64_t acked_sent_us;
+    int ack_path;           /* where data last arrived: acks go there */
+    int ack_now;            /* a duplicate arrived: ack at once (its earlier ack may have been lost) */
     uint8_t seen_bits[LS_WINDOW / 8];
     ls_req *recv_order[LS_MAX_REQS];
     int pending_fds[LS_MAX_NICS * LS_MAX_STREAMS]; /* accepted, HELLO not yet read */
     uint64_t pending_since_ms[LS_MAX_NICS * LS_MAX_STREAMS];
     /* statistics */
-    size_t copy_bytes;      /* held in chunk copies */
     uint64_t caller_pass_us; /* NCCL's last call that moved data itself */
     uint64_t failovers, failbacks, resent_chunks, dup_chunks;
 } ls_comm;
@@ -278,7 +297,10 @@ ls_comm *ls_comm_new(int is_send, int dev);
 int ls_comm_start(ls_comm *c);     /* starts the progress thread */
 void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
-void ls_progress_pass(ls_comm *c, int from_caller); /* with the lock held */
+void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring space back */
+enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
+void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
+void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */
 int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len);
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len);
 void ls_queue_credit(ls_comm *c, int path, const ls_req *r);

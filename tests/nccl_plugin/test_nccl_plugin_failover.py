@@ -177,6 +177,32 @@ def test_every_abi_version_moves_checksummed_data(pair, plugin_lib, abi):
         run.cleanup()
 
 
+@pytest.mark.parametrize("ring_bytes", [0, 1 << 20])
+def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_through_a_failover(
+        pair, plugin_lib, agent, ring_bytes):
+    # 0: no ring, every isend completes on its ack; 1 MiB: the ring fills (NULL requests, which
+    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "19",
+                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes)})
+    try:
+        run.wait_received(16 << 20, "data before the fault")
+        away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+        pair.link("a", "nh0", up=False)
+        wait_for(lambda: len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) > away, WAIT_S,
+                 "failover to the standby")
+        run.wait_received(16 << 20, "data over the standby")
+        pair.link("a", "nh0", up=True)
+        run.wait_received(8 << 20, "data after the primary returned")
+        run.stop()
+        results = run.finish()
+    finally:
+        pair.link("a", "nh0", up=True)
+        run.cleanup()
+    _assert_intact(results)
+    if ring_bytes:
+        assert results["send"]["null_requests"] > 0  # the full ring said "retry", never blocked
+
+
 def _validated(kind: str, data: dict) -> dict:
     return kinds.get(f"event.{kind}").validate(data)
 
@@ -239,6 +265,55 @@ def test_traffic_survives_link_down_loss_and_flaps_and_returns_to_primary(pair, 
         assert abs(ts - time.time()) < 3600
     carrying = agent.find("nccl.path_state", state="carrying")
     assert carrying and all(e["failover_ms"] >= 0 for e in carrying)
+
+
+# Down and up times of the flap stress test, in seconds, against a failback stable time of
+# 0.2 s: flaps land while the plugin is detecting, failing over, probing the primary (up for
+# less than the stable time), just after a failback (up for a little more), and while the
+# reconnect back-off grows; every fifth fault is a burst of 100% loss instead (carrier up).
+FLAP_DOWN_S = (0.05, 0.2, 0.35, 0.1, 0.5)
+FLAP_UP_S = (0.05, 0.15, 0.25, 0.4, 0.3, 0.6)
+
+
+def test_thirty_quick_flaps_lose_nothing_and_traffic_ends_on_the_primary(pair, plugin_lib, agent):
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "17",
+                   env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "200", "LOCKSTEP_NCCL_DEBUG": "1"})  # a failure shows the log
+    lossy = False
+    try:
+        run.wait_received(16 << 20, "data before the flapping")
+        for i in range(30):  # a fault schedule, not a wait for a condition
+            if i % 5 == 4:
+                pair.lossy("a", "nh0", on=True)
+                lossy = True
+                time.sleep(FLAP_DOWN_S[i % len(FLAP_DOWN_S)] + 0.3)  # long enough to miss heartbeats
+                pair.lossy("a", "nh0", on=False)
+                lossy = False
+            else:
+                pair.link("a", "nh0", up=False)
+                time.sleep(FLAP_DOWN_S[i % len(FLAP_DOWN_S)])
+                pair.link("a", "nh0", up=True)
+            time.sleep(FLAP_UP_S[i % len(FLAP_UP_S)])
+        for role, (proc, _, _) in run.procs.items():
+            assert proc.poll() is None, f"the {role} side ended during the flapping: {run.output(role)}"
+        wait_for(lambda: _active_is_primary(agent), WAIT_S, "traffic back on the primary after 30 flaps")
+        run.wait_received(16 << 20, "data after the flapping")
+        primary, standby = pair.tx_bytes("a", "nh0"), pair.tx_bytes("a", "nh1")
+        switches = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+        run.wait_received(32 << 20, "more data after the flapping")
+        wait_for(lambda: _active_is_primary(agent), WAIT_S, "traffic on the primary at the end")
+        if len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) == switches:  # (load can starve a heartbeat)
+            assert pair.tx_bytes("a", "nh0") - primary >= 8 << 20  # it is the primary that carries it
+            assert pair.tx_bytes("a", "nh1") - standby < 1 << 20  # the standby only heartbeats
+        run.stop()
+        results = run.finish()
+    finally:
+        pair.link("a", "nh0", up=True)
+        if lossy:
+            pair.lossy("a", "nh0", on=False)
+        run.cleanup()
+    _assert_intact(results)  # every transfer completed, byte for byte, and neither side erred
+    assert not agent.find("nccl.path_state", state="failed")  # no give-up (ncclSystemError) at any point
+    assert len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) >= 10
 
 
 def _active_is_primary(agent: AgentSocketThread) -> bool:
