@@ -44,9 +44,9 @@ from console.incidents.models import (
 from console.live.publish import publish
 from console.telemetry.kinds import StoredRecords
 from console.telemetry.models import TelemetryRecord
+from workers.fabric.observations import Window, window_of_arrays
 from workers.fabric.topology import parse_topology
 from workers.incidents import Hysteresis, step
-from workers.fabric.observations import Window, window_of_arrays
 from workers.probemesh.observations import Pairs, merge_records
 from workers.probeplan import plan_probes
 from workers.triangulation import FabricModel, pairs_through, triangulate
