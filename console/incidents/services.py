@@ -38,12 +38,12 @@ from console.incidents.models import (
     IncidentState,
     IncidentTracker,
     ProbePlan,
+    ProbeReport,
     ProbeWindow,
     WindowState,
 )
 from console.live.publish import publish
 from console.telemetry.kinds import StoredRecords
-from console.telemetry.models import TelemetryRecord
 from workers.fabric.observations import Window, window_of_arrays
 from workers.fabric.topology import parse_topology
 from workers.incidents import Hysteresis, step
@@ -88,6 +88,7 @@ def add_probe_records(stored: StoredRecords) -> list[int]:
     if not by_start:
         return []
     queued: list[int] = []
+    reports: list[ProbeReport] = []
     started = False
     with transaction.atomic():
         for start_ns, records in sorted(by_start.items()):
@@ -106,6 +107,9 @@ def add_probe_records(stored: StoredRecords) -> list[int]:
                 update.append("state")
                 queued.append(window.pk)
             window.save(update_fields=update)
+            reports += [ProbeReport(organization_id=stored.organization_id, cluster_id=stored.cluster_id, window=window,
+                                    record_id=record.id, nic=record.data["nic"]) for record in records]
+        ProbeReport.objects.bulk_create(reports)
         if started:  # a newer window may make older ones overdue
             queued += _queue_overdue(stored.cluster_id, max(by_start))
     for window_id in queued:
@@ -165,11 +169,8 @@ def fabric_model(cluster: Cluster) -> FabricModel:
 
 def _window_records(window: ProbeWindow) -> list[dict]:
     """The window's probe.window records, one per NIC (a NIC's newest, should it report twice)."""
-    start = datetime.fromtimestamp(window.start_ns / 1e9, tz=dt_timezone.utc)
-    rows = TelemetryRecord.objects.filter(
-        cluster_id=window.cluster_id, kind="probe.window", ts__gte=start - timedelta(seconds=60),
-        ts__lte=start + timedelta(seconds=window.window_s + 600),
-        data__start_ns=window.start_ns).order_by("ts", "id").values_list("data", "node_id")
+    rows = (ProbeReport.objects.filter(window=window).order_by("record__ts", "record_id")
+            .values_list("record__data", "record__node_id"))
     nics_of = {}
     for name, node_id in Nic.objects.filter(cluster_id=window.cluster_id).values_list("name", "node_id"):
         nics_of[name] = node_id
