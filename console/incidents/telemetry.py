@@ -19,7 +19,6 @@ from workers.probemesh.observations import ProbeWindowError, check_record
 MAX_RECORD_BYTES = 1024 * 1024
 MAX_ENTRIES = 2048
 MAX_NAME = 255
-MAX_NAMED_QUERY = 2000
 
 
 def validate_probe_window(data: dict) -> dict:
@@ -53,17 +52,7 @@ def nics_of_the_node(node, records: list[tuple[int, dict]]) -> None:
     """A window is the posting node's own NIC's, and names only NICs of its cluster."""
     from console.fleet.models import Nic
 
-    named = {data["nic"] for _, data in records}
-    for _, data in records:
-        for entry in data["probes"]:
-            named.add(entry["src"])
-            named.add(entry["dst"])
-    # only the NICs the batch names (a node's 8 records name a third of a 1,024-NIC cluster's);
-    # all of them where that list would be longer than a query should carry
-    nics = Nic.objects.filter(cluster_id=node.cluster_id)
-    if len(named) <= MAX_NAMED_QUERY:
-        nics = nics.filter(name__in=named)
-    names = dict(nics.values_list("name", "node_id"))
+    names = dict(Nic.objects.filter(cluster_id=node.cluster_id).values_list("name", "node_id"))
     for i, data in records:
         if names.get(data["nic"]) != node.pk:
             raise kinds.KindInvalid("nic", f"{data['nic']!r} is not a NIC of {node.name}", index=i)
