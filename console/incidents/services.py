@@ -1,8 +1,8 @@
 """Incidents' one writer: probe windows as they fill, their triangulation, incidents and their
 timeline, the health of the elements they name, and the probe plan pushed to agents.
 
-Flow: the `probe.window` handler files each NIC's record into its cluster window
-(`add_probe_records`); a window is queued for triangulation when every NIC expected has
+Flow: the `probe.window` kind's file step files each NIC's record into its cluster window in the
+batch's transaction (`add_probe_records`); a window is queued for triangulation when every NIC expected has
 reported, or when it is overdue (`OVERDUE_WINDOWS` newer windows have started: a NIC that went
 silent does not hold its window back for ever). The Celery task calls `triangulate_window`: the
 records are merged into arrays of directed pairs (workers.probemesh.merge_records, what
