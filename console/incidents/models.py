@@ -2,6 +2,8 @@
 
 - `ProbeWindow`: one window of a cluster (every NIC's `probe.window` records of one start time)
   as it fills, is triangulated, and what the verdict said; kept for `PROBE_WINDOW_RETENTION_S`.
+- `ProbeReport`: one NIC's record of a window (the stored telemetry record holding it), filed
+  with its batch: a window's records are read by its key, not searched for.
 - `Incident`: one fault, from open to resolved, with its culprit (a link, switch, NIC or host),
   confidence, first/last seen and evidence (the affected pairs, before and during).
 - `IncidentEvent`: an incident's timeline: state changes and one point per window it was seen.
@@ -16,8 +18,8 @@ from django.db import models
 
 from console.core.models import ClusterOwnedModel
 
-__all__ = ["CulpritKind", "Incident", "IncidentEvent", "IncidentState", "IncidentTracker", "ProbePlan", "ProbeWindow",
-           "WindowState"]
+__all__ = ["CulpritKind", "Incident", "IncidentEvent", "IncidentState", "IncidentTracker", "ProbePlan", "ProbeReport",
+           "ProbeWindow", "WindowState"]
 
 
 class WindowState(models.TextChoices):
@@ -48,8 +50,26 @@ class ProbeWindow(ClusterOwnedModel):
         ordering = ["cluster", "-start_ns"]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "start_ns"], name="incidents_probewindow_unique_cluster_start"),
+            models.UniqueConstraint(fields=["id", "cluster", "organization"],
+                                    name="incidents_probewindow_unique_id_placement"),
         ]
         indexes = [models.Index(fields=["cluster", "state", "start_ns"], name="incidents_window_cluster_state")]
+
+
+class ProbeReport(ClusterOwnedModel):
+    """One NIC's `probe.window` record of a window: the telemetry record that holds it (its data
+    is stored once, there), filed in the batch's transaction. Deleted with its window."""
+
+    tenant_parents = ("window",)
+
+    window = models.ForeignKey(to=ProbeWindow, on_delete=models.CASCADE, related_name="reports",
+                               verbose_name="window")
+    record = models.ForeignKey(to="telemetry.TelemetryRecord", on_delete=models.CASCADE, related_name="+",
+                               verbose_name="telemetry record")
+    nic = models.CharField(verbose_name="NIC", max_length=255)
+
+    class Meta:
+        ordering = ["window", "id"]
 
 
 class IncidentState(models.TextChoices):

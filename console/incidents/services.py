@@ -1,11 +1,12 @@
 """Incidents' one writer: probe windows as they fill, their triangulation, incidents and their
 timeline, the health of the elements they name, and the probe plan pushed to agents.
 
-Flow: the `probe.window` handler files each NIC's record into its cluster window
-(`add_probe_records`); a window is queued for triangulation when every NIC expected has
+Flow: the `probe.window` kind's file step files each NIC's record into its cluster window in the
+batch's transaction (`add_probe_records`); a window is queued for triangulation when every NIC expected has
 reported, or when it is overdue (`OVERDUE_WINDOWS` newer windows have started: a NIC that went
 silent does not hold its window back for ever). The Celery task calls `triangulate_window`: the
-records become one `lockstep.observations/v1` (workers.probemesh), the triangulation
+records are merged into arrays of directed pairs (workers.probemesh.merge_records, what
+`lockstep.observations/v1` would say, without the document), the triangulation
 (workers.triangulation) gives the verdict, the tracker (workers.incidents) turns verdicts into
 open / update / resolve, and each action writes the incident, its timeline and the element's
 health, and publishes them live.
@@ -17,10 +18,12 @@ import hashlib
 import ipaddress
 import json
 import logging
+import math
 import threading
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
+import numpy as np
 from django.db import transaction
 from django.utils import timezone
 
@@ -35,15 +38,16 @@ from console.incidents.models import (
     IncidentState,
     IncidentTracker,
     ProbePlan,
+    ProbeReport,
     ProbeWindow,
     WindowState,
 )
 from console.live.publish import publish
 from console.telemetry.kinds import StoredRecords
-from console.telemetry.models import TelemetryRecord
+from workers.fabric.observations import Window, window_of_arrays
 from workers.fabric.topology import parse_topology
 from workers.incidents import Hysteresis, step
-from workers.probemesh.observations import observations
+from workers.probemesh.observations import Pairs, merge_records
 from workers.probeplan import plan_probes
 from workers.triangulation import FabricModel, pairs_through, triangulate
 
@@ -76,18 +80,26 @@ def expected_nics(cluster_id: int) -> int:
 def add_probe_records(stored: StoredRecords) -> list[int]:
     """File a batch's probe.window records into their cluster windows; returns the ids of the
     windows this queued for triangulation (each record is of the node's own NIC: its kind's
-    node check refused the batch otherwise)."""
+    node check refused the batch otherwise). The kind's `file` step: it runs in the batch's
+    transaction, so a batch and its windows' counts are one commit."""
     by_start: dict[int, list] = {}
     for record in stored.records:
         by_start.setdefault(record.data["start_ns"], []).append(record)
+    if not by_start:
+        return []
     queued: list[int] = []
-    expected = expected_nics(stored.cluster_id) if by_start else 0
-    for start_ns, records in sorted(by_start.items()):
-        with transaction.atomic():
-            window, _ = ProbeWindow.objects.select_for_update().get_or_create(
-                cluster_id=stored.cluster_id, start_ns=start_ns,
-                defaults={"organization_id": stored.organization_id, "window_s": records[0].data["window_s"],
-                          "expected": expected})
+    reports: list[ProbeReport] = []
+    started = False
+    with transaction.atomic():
+        for start_ns, records in sorted(by_start.items()):
+            window = ProbeWindow.objects.select_for_update().filter(cluster_id=stored.cluster_id,
+                                                                    start_ns=start_ns).first()
+            if window is None:  # the window's first batch: how many NICs it waits for is counted once
+                window, created = ProbeWindow.objects.select_for_update().get_or_create(
+                    cluster_id=stored.cluster_id, start_ns=start_ns,
+                    defaults={"organization_id": stored.organization_id, "window_s": records[0].data["window_s"],
+                              "expected": expected_nics(stored.cluster_id)})
+                started |= created
             window.reported += len(records)
             update = ["reported"]
             if window.state == WindowState.FILLING and window.reported >= max(1, window.expected):
@@ -95,8 +107,11 @@ def add_probe_records(stored: StoredRecords) -> list[int]:
                 update.append("state")
                 queued.append(window.pk)
             window.save(update_fields=update)
-    if by_start:
-        queued += _queue_overdue(stored.cluster_id, max(by_start))
+            reports += [ProbeReport(organization_id=stored.organization_id, cluster_id=stored.cluster_id, window=window,
+                                    record_id=record.id, nic=record.data["nic"]) for record in records]
+        ProbeReport.objects.bulk_create(reports)
+        if started:  # a newer window may make older ones overdue
+            queued += _queue_overdue(stored.cluster_id, max(by_start))
     for window_id in queued:
         _enqueue(stored.organization_id, window_id)
     return queued
@@ -154,11 +169,8 @@ def fabric_model(cluster: Cluster) -> FabricModel:
 
 def _window_records(window: ProbeWindow) -> list[dict]:
     """The window's probe.window records, one per NIC (a NIC's newest, should it report twice)."""
-    start = datetime.fromtimestamp(window.start_ns / 1e9, tz=dt_timezone.utc)
-    rows = TelemetryRecord.objects.filter(
-        cluster_id=window.cluster_id, kind="probe.window", ts__gte=start - timedelta(seconds=60),
-        ts__lte=start + timedelta(seconds=window.window_s + 600),
-        data__start_ns=window.start_ns).order_by("ts", "id").values_list("data", "node_id")
+    rows = (ProbeReport.objects.filter(window=window).order_by("record__ts", "record_id")
+            .values_list("record__data", "record__node_id"))
     nics_of = {}
     for name, node_id in Nic.objects.filter(cluster_id=window.cluster_id).values_list("name", "node_id"):
         nics_of[name] = node_id
@@ -169,44 +181,53 @@ def _window_records(window: ProbeWindow) -> list[dict]:
     return list(by_nic.values())
 
 
-def _known_pairs(doc: dict, model: FabricModel) -> tuple[dict, int]:
-    """The observations restricted to NICs of the topology; and how many probes rows were left out."""
-    known = model.index.nic_index
-    kept = [p for p in doc["probes"] if p["src"] in known and p["dst"] in known]
-    return {**doc, "probes": kept}, len(doc["probes"]) - len(kept)
+def _window_pairs(window: ProbeWindow, model: FabricModel) -> tuple[Pairs, Window, int]:
+    """The window's merged pairs between NICs of the topology (as arrays), their Window for the
+    triangulation (row i is pair i), and how many pairs naming other NICs were left out. The
+    records were checked as they arrived (the kind's validator): they are merged as stored."""
+    pairs = merge_records(_window_records(window))
+    nic_index = model.index.nic_index
+    at = np.array([nic_index.get(name, -1) for name in pairs.names], dtype=np.int64)
+    src, dst = at[pairs.src], at[pairs.dst]
+    known = np.flatnonzero((src >= 0) & (dst >= 0))
+    ignored = len(pairs) - len(known)
+    if ignored:
+        pairs, src, dst = pairs.take(known), src[known], dst[known]
+    return pairs, window_of_arrays(model.index, src, dst, pairs.sent, pairs.lost, pairs.p50, pairs.p99,
+                                   pairs.path, window_s=pairs.window_s), ignored
 
 
-def _pair_row(p: dict, share: float | None = None) -> dict:
-    row = {"src": p["src"], "dst": p["dst"], "sent": p["sent"], "lost": p["lost"],
-           "loss": round(p["lost"] / p["sent"], 4) if p["sent"] else 0.0}
-    if "owd_us" in p:
-        row["p50_us"], row["p99_us"] = p["owd_us"]["p50"], p["owd_us"]["p99"]
+def _pair_row(pairs: Pairs, i: int, share: float | None = None) -> dict:
+    sent, lost = int(pairs.sent[i]), int(pairs.lost[i])
+    row = {"src": pairs.names[pairs.src[i]], "dst": pairs.names[pairs.dst[i]], "sent": sent, "lost": lost,
+           "loss": round(lost / sent, 4) if sent else 0.0}
+    if not math.isnan(pairs.p50[i]):
+        row["p50_us"], row["p99_us"] = float(pairs.p50[i]), float(pairs.p99[i])
     if share is not None:
         row["share"] = round(float(share), 3)
     return row
 
 
-def _summary(doc: dict, ignored: int) -> dict:
-    probes = doc["probes"]
-    sent = sum(p["sent"] for p in probes)
-    lost = sum(p["lost"] for p in probes)
-    lossy = sorted((p for p in probes if p["lost"]), key=lambda p: (-p["lost"] / p["sent"], p["src"], p["dst"]))
-    return {"pairs": len(probes), "sent": sent, "lost": lost, "loss": round(lost / sent, 6) if sent else 0.0,
+def _summary(pairs: Pairs, ignored: int) -> dict:
+    sent, lost = int(pairs.sent.sum()), int(pairs.lost.sum())
+    lossy = np.flatnonzero(pairs.lost > 0)
+    worst = lossy[np.lexsort((pairs.dst[lossy], pairs.src[lossy], -pairs.lost[lossy] / pairs.sent[lossy]))]
+    return {"pairs": len(pairs), "sent": sent, "lost": lost, "loss": round(lost / sent, 6) if sent else 0.0,
             "ignored_pairs": ignored, "lossy_pairs": len(lossy),
-            "worst": [_pair_row(p) for p in lossy[:MAX_SUMMARY_PAIRS]]}
+            "worst": [_pair_row(pairs, int(i)) for i in worst[:MAX_SUMMARY_PAIRS]]}
 
 
 def triangulate_window(window_id: int) -> ProbeWindow | None:
     """Triangulate one queued window and apply what its verdict means (in the window's
     organization). Windows of a cluster are tracked in order: one older than the newest tracked
     is triangulated and stored, and changes no incident."""
-    return _settle(window_id, lambda model, doc: triangulate(model, doc).to_document(evidence=True))
+    return _settle(window_id, lambda model, observed: triangulate(model, observed).to_document(evidence=True))
 
 
 def record_verdict(window_id: int, verdict: dict) -> ProbeWindow | None:
     """Apply a verdict reached elsewhere (`python -m workers.triangulation` on the window, a
     replay) to a queued window, as its triangulation would."""
-    return _settle(window_id, lambda model, doc: verdict)
+    return _settle(window_id, lambda model, observed: verdict)
 
 
 def _settle(window_id: int, judge) -> ProbeWindow | None:
@@ -222,8 +243,8 @@ def _settle(window_id: int, judge) -> ProbeWindow | None:
             return window
         try:
             model = fabric_model(cluster)
-            doc, ignored = _known_pairs(observations(_window_records(window), topology=None), model)
-            verdict = judge(model, doc)
+            pairs, observed, ignored = _window_pairs(window, model)
+            verdict = judge(model, observed)
         except (ValueError, KeyError) as exc:  # ObservationsError, ProbeWindowError, TopologyError
             window.state, window.error = WindowState.FAILED, str(exc)[:1000]
             window.triangulated_at = timezone.now()
@@ -231,7 +252,7 @@ def _settle(window_id: int, judge) -> ProbeWindow | None:
             log.warning("event=probe_window_failed cluster=%s start_ns=%s error=%s", cluster.pk, window.start_ns, exc)
             return window
         window.verdict, window.network_ok = verdict, verdict["network_ok"]
-        window.summary = _summary(doc, ignored)
+        window.summary = _summary(pairs, ignored)
         window.triangulated_at = timezone.now()
         plan = ProbePlan.objects.filter(cluster=cluster).only("pushed_at").first()
         if window.start_ns <= tracker.last_start_ns:
@@ -244,7 +265,7 @@ def _settle(window_id: int, judge) -> ProbeWindow | None:
             tracker.last_start_ns = window.start_ns
             tracker.save(update_fields=["state", "last_start_ns", "updated"])
             for action in actions:
-                _apply(cluster, window, action, model, doc)
+                _apply(cluster, window, action, model, observed, pairs)
         window.save(update_fields=["verdict", "network_ok", "summary", "triangulated_at", "state", "updated"])
         publish(cluster.organization_id, cluster.pk, "probe_window",
                 {"id": window.pk, "start_ns": window.start_ns, "network_ok": window.network_ok,
@@ -264,26 +285,25 @@ def _culprit_loss(culprit: dict) -> float | None:
     return round(max(losses.values()), 6) if losses else None
 
 
-def _evidence(model: FabricModel, doc: dict, culprit: dict, previous: ProbeWindow | None) -> dict:
+def _evidence(model: FabricModel, observed: Window, pairs: Pairs, culprit: dict, previous: ProbeWindow | None) -> dict:
     """The pairs whose probes can cross the culprit, lossiest first, now and in the window before."""
     try:
-        rows, share = pairs_through(model, doc, culprit["kind"], culprit["name"])
+        rows, share = pairs_through(model, observed, culprit["kind"], culprit["name"])
     except KeyError:
         return {}
-    probes = doc["probes"]
-    during = sorted((_pair_row(probes[int(r)], s) for r, s in zip(rows, share, strict=True)),
+    during = sorted((_pair_row(pairs, int(r), s) for r, s in zip(rows, share, strict=True)),
                     key=lambda p: (-p["loss"], -p.get("p99_us", 0), p["src"], p["dst"]))[:MAX_EVIDENCE_PAIRS]
     before_by_pair = {}
     if previous is not None and previous.summary:
         before_by_pair = {(p["src"], p["dst"]): p for p in previous.summary.get("worst", [])}
     before = [before_by_pair.get((p["src"], p["dst"]), {"src": p["src"], "dst": p["dst"], "loss": 0.0})
               for p in during]
-    return {"window_start_ns": doc.get("start_ns"), "pairs_crossing": len(rows), "during": during,
+    return {"window_start_ns": pairs.start_ns, "pairs_crossing": len(rows), "during": during,
             "before": before, "before_window_start_ns": previous.start_ns if previous else None,
             "culprit": {k: v for k, v in culprit.items() if k != "name"}}
 
 
-def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, doc: dict) -> None:
+def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, observed: Window, pairs: Pairs) -> None:
     kind, name = action.key.split(":", 1)
     seen = _window_time(window)
     incident = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name)
@@ -299,7 +319,7 @@ def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, do
         previous = (ProbeWindow.objects.filter(cluster=cluster, start_ns__lt=window.start_ns,
                                                state__in=[WindowState.DONE, WindowState.LATE, WindowState.SETTLING])
                     .order_by("-start_ns").first())
-        evidence = _evidence(model, doc, culprit, previous)
+        evidence = _evidence(model, observed, pairs, culprit, previous)
         last = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name, state=IncidentState.RESOLVED)
                 .order_by("-resolved_at").first()) if action.action == "reopen" else None
         if last is not None:

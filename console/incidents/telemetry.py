@@ -1,7 +1,8 @@
 """The `probe.window` telemetry kind: its validator is the agent side's own record check
 (workers.probemesh.observations.check_record), its node check refuses a window of a NIC that
-is not the posting node's or naming a NIC outside the cluster, and its handler files each record
-into its cluster window (services.add_probe_records), which is triangulated once complete."""
+is not the posting node's or naming a NIC outside the cluster, and its `file` step files each
+record into its cluster window in the batch's transaction (services.add_probe_records); a window
+is triangulated once complete."""
 
 from __future__ import annotations
 
@@ -74,5 +75,5 @@ kinds.register(TelemetryKind(
                 "direction; a cluster's records of one window are triangulated together.",
     validate=validate_probe_window,
     check_node=nics_of_the_node,
-    handlers=[_file_into_windows],
+    file=_file_into_windows,
 ))

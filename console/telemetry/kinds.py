@@ -22,6 +22,10 @@ are registered in `console.commands.registry`:
 - `check_node(node, records)` (optional) checks a batch's records of the kind against the node
   that posts them (`records`: `[(index in the batch, data)]`), before anything is stored: a probe
   window must name the node's own NICs. It raises `KindInvalid(field, problem, index=i)`.
+- `file(stored)` (optional) runs inside the batch's transaction, after its records are inserted,
+  with the records of its kind (in the caller's scope: the node's organization): rows a feature
+  keeps with the batch, stored with it or not at all, in the batch's one commit (a probe window's
+  fill count). An exception from it refuses the batch. Keep it to a few statements.
 - Handlers run once per stored batch, after its transaction commits (so a rolled-back batch
   triggers nothing, and a retried duplicate is not handled twice), with the records of their
   kind, in the node's organization (`console.core.scoping.for_organization`). They run on the
@@ -115,6 +119,7 @@ class TelemetryKind:
     validate: Validator
     handlers: list[Handler] = field(default_factory=list)
     check_node: NodeCheck | None = None
+    file: Handler | None = None
     # A stand-in registered by the console for a forwarded event kind; a feature's own
     # registration of the same name replaces it.
     generic: bool = False
@@ -158,6 +163,14 @@ def get(name: str) -> TelemetryKind:
 
 def names() -> list[str]:
     return sorted(_kinds)
+
+
+def file_in_batch(groups: Iterable[StoredRecords]) -> None:
+    """Run each group's kind's `file` (inside the batch's transaction)."""
+    for group in groups:
+        kind = _kinds.get(group.kind)
+        if kind is not None and kind.file is not None:
+            kind.file(group)
 
 
 def run_handlers(groups: Iterable[StoredRecords]) -> None:

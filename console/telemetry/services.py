@@ -2,7 +2,8 @@
 
 Each record's kind must be registered (`console.telemetry.kinds`) and its data must pass the
 kind's validator; the batch is then stored in one transaction, deduplicated by `(node, seq)`,
-and after the commit each kind's handlers run with that kind's records.
+each kind's `file` step runs in that transaction, and after the commit each kind's handlers run
+with that kind's records.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def ingest(node: Node, payload, max_records: int) -> IngestResult:
                 telemetry_seq=Greatest(F("telemetry_seq"), seq),
             )
             groups = _by_kind(node, batch, rows)
+            kinds.file_in_batch(groups)
             transaction.on_commit(lambda: kinds.run_handlers(groups))
     except IntegrityError:
         # The same batch, retried concurrently, was stored first.

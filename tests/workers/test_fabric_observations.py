@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.fabric.observations import ObservationsError, parse_observations
+from workers.fabric.observations import ObservationsError, parse_observations, window_of_arrays
 from workers.fabric.paths import PathIndex
 from workers.fabric.topology import parse_topology
 
@@ -151,3 +151,47 @@ def test_counts_written_as_integral_floats_are_accepted():
                            hand_index())
     assert list(w.sent) == [100, 100] and list(w.lost) == [3, 0]
     assert w.p50[1] == 1.0 and w.p99[1] == 2.0
+
+
+def _arrays_of(document: dict, idx: PathIndex):
+    """The rows of a document as the console holds them (workers.probemesh.Pairs' columns)."""
+    probes = document["probes"]
+    nan = float("nan")
+    return dict(
+        src=np.array([idx.nic_index[p["src"]] for p in probes], dtype=np.int64),
+        dst=np.array([idx.nic_index[p["dst"]] for p in probes], dtype=np.int64),
+        sent=np.array([p["sent"] for p in probes], dtype=np.int64),
+        lost=np.array([p["lost"] for p in probes], dtype=np.int64),
+        p50=np.array([p.get("owd_us", {}).get("p50", nan) for p in probes]),
+        p99=np.array([p.get("owd_us", {}).get("p99", nan) for p in probes]),
+        paths={i: p["path"] for i, p in enumerate(probes) if "path" in p}, window_s=document.get("window_s"))
+
+
+def test_rows_given_as_arrays_make_the_window_their_document_makes():
+    examples = [(hand_index(), doc(probe(owd_us={"p50": 3.0, "p99": 4.5}, path=["a0", "L0S", "L1S", "c0"]),
+                                   probe("b/0", "a/0", 50, 2), probe("c/0", "a/1", 10, 10, path=["c0", "a1"])))]
+    for d in sorted(SCENARIOS.iterdir()):
+        examples.append((PathIndex(parse_topology(json.loads((d / "topology.json").read_text()))),
+                         json.loads((d / "observations.json").read_text())))
+    for idx, document in examples:
+        parsed = parse_observations(document, idx)
+        given = window_of_arrays(idx, **_arrays_of(document, idx))
+        for name in ("src", "dst", "sent", "lost", "p50", "p99", "path_rows", "path_ptr", "path_links", "path_fwd",
+                     "path_switch_ptr", "path_switches"):
+            np.testing.assert_array_equal(getattr(given, name), getattr(parsed, name), err_msg=name)
+        assert given.window_s == parsed.window_s
+
+
+def test_rows_given_as_arrays_are_refused_naming_the_row():
+    idx = hand_index()
+    rows = _arrays_of(doc(probe(), probe("b/0", "a/0"), probe(), probe("a/1", "a/1")), idx)
+    with pytest.raises(ObservationsError) as err:
+        window_of_arrays(idx, **rows)
+    assert "probes[3]: src and dst are the same NIC 'a/1'" in str(err.value)
+    assert "probes[2]: pair a/0 -> c/0 already at probes[0]" in str(err.value)
+    rows = _arrays_of(doc(probe(path=["a0", "nowhere"]), probe("b/0", "a/0", path=[])), idx)
+    with pytest.raises(ObservationsError, match=r"probes\[1\].path: must be a non-empty list of link ids"):
+        window_of_arrays(idx, **rows)
+    rows = _arrays_of(doc(probe(path=["a0", "nowhere"])), idx)
+    with pytest.raises(ObservationsError, match=r"probes\[0\].path"):
+        window_of_arrays(idx, **rows)

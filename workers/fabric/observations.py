@@ -183,6 +183,30 @@ def parse_observations(doc: Any, index: PathIndex) -> Window:
                   window_s=float(window_s) if window_s is not None else None, warnings=tuple(warnings))
 
 
+def window_of_arrays(index: PathIndex, src: np.ndarray, dst: np.ndarray, sent: np.ndarray, lost: np.ndarray,
+                     p50: np.ndarray, p99: np.ndarray, paths: dict[int, list] | None = None,
+                     window_s: float | None = None) -> Window:
+    """The Window of rows already as arrays (src, dst: NIC indices of `index`; counts valid,
+    0 <= p50 <= p99 or NaN): what `parse_observations` gives for the same rows as a document,
+    with only the checks arrays leave open (src = dst, a pair twice, the known `paths`, row ->
+    link ids) made. Raises ObservationsError naming the rows as `probes[i]`."""
+    errors = _Errors()
+    for i in np.flatnonzero(src == dst)[:MAX_ERRORS]:
+        errors.add(f"probes[{i}]: src and dst are the same NIC {index.nic_names[src[i]]!r}")
+    _duplicates(src, dst, index, errors)
+    rows = sorted(paths or {})
+    for i in rows:
+        path = paths[i]
+        if type(path) is not list or not path or not all(type(x) is str for x in path):
+            errors.add(f"probes[{i}].path: must be a non-empty list of link ids")
+    if errors:
+        raise ObservationsError(errors)
+    known = _walk_paths(np.array(rows, dtype=np.int64), [paths[i] for i in rows], src, dst, index, errors)
+    if errors:
+        raise ObservationsError(errors)
+    return Window(src, dst, sent, lost, p50, p99, *known, window_s=window_s)
+
+
 def _owd_errors(owd: dict, i: int, errors: _Errors) -> None:
     a, b = owd.get("p50"), owd.get("p99")
     for key, v in owd.items():

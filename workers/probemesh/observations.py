@@ -29,7 +29,10 @@ Errors (:class:`ProbeWindowError`) name the record and field (``records[3].probe
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 FORMAT = "lockstep.observations/v1"
 RECORD_FORMAT = "lockstep.probe.window/v1"
@@ -101,81 +104,173 @@ def observations(records: list[dict], *, topology: str | None = None, half_rtt: 
     starts = {r["start_ns"] for r in records}
     if len(starts) > 1:
         raise ProbeWindowError(f"records: {len(starts)} different windows (start_ns); give one window's records")
-    start = next(iter(starts), None)
+    return merge_records(records, half_rtt=half_rtt).to_document(topology)
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A window's merged directed pairs as arrays, one row per pair in (src, dst) name order:
+    what `observations` writes as its `probes` (row i is `probe(i)`), without building them.
+
+    src, dst: indices into `names` (sorted NIC names); sent, lost, unresolved, late: counts;
+    p50, p99: merged one-way delay (us, rounded as the document has them; NaN without);
+    clock: the delays came from synchronized clocks; path / paths: row -> the pair's one path,
+    row -> its per-path breakdown (only rows that have them)."""
+
+    names: list[str]
+    src: np.ndarray
+    dst: np.ndarray
+    sent: np.ndarray
+    lost: np.ndarray
+    unresolved: np.ndarray
+    late: np.ndarray
+    p50: np.ndarray
+    p99: np.ndarray
+    clock: np.ndarray
+    path: dict[int, list] = field(default_factory=dict)
+    paths: dict[int, list] = field(default_factory=dict)
+    start_ns: int | None = None
+    window_s: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def probe(self, i: int) -> dict[str, Any]:
+        """Row i as a `lockstep.observations/v1` probe."""
+        out: dict[str, Any] = {"src": self.names[self.src[i]], "dst": self.names[self.dst[i]],
+                               "sent": int(self.sent[i]), "lost": int(self.lost[i])}
+        if not math.isnan(self.p50[i]):
+            out["owd_us"] = {"p50": float(self.p50[i]), "p99": float(self.p99[i])}
+            out["owd_basis"] = "clock" if self.clock[i] else "half_rtt"
+        if i in self.path:
+            out["path"] = self.path[i]
+        if i in self.paths:
+            out["paths"] = self.paths[i]
+        if self.unresolved[i]:
+            out["unresolved"] = int(self.unresolved[i])
+        if self.late[i]:
+            out["late"] = int(self.late[i])  # of `lost`: answered after the deadline (a slow host, or a queue)
+        return out
+
+    def to_document(self, topology: str | None = None) -> dict:
+        doc: dict[str, Any] = {"format": FORMAT}
+        if topology is not None:
+            doc["topology"] = topology
+        if self.window_s is not None:
+            doc["window_s"] = self.window_s
+            doc["start_ns"] = self.start_ns
+        doc["probes"] = [self.probe(i) for i in range(len(self))]
+        return doc
+
+    def take(self, rows: np.ndarray) -> Pairs:
+        """The pairs of `rows` (ascending), renumbered."""
+        new = {int(r): j for j, r in enumerate(rows)}
+        return Pairs(self.names, self.src[rows], self.dst[rows], self.sent[rows], self.lost[rows],
+                     self.unresolved[rows], self.late[rows], self.p50[rows], self.p99[rows], self.clock[rows],
+                     {new[r]: p for r, p in self.path.items() if r in new},
+                     {new[r]: p for r, p in self.paths.items() if r in new}, self.start_ns, self.window_s)
+
+
+def _settled(r: dict, received: dict[tuple[str, str], int]) -> list[dict]:
+    """A record's entries with its unresolved losses settled by the responders' counts (1. above)."""
+    probes = r["probes"]
+    if not any(p["via"] == "probe" and p.get("unresolved") for p in probes):
+        return probes
+    echoes = {(p["src"], p["dst"]): p for p in probes if p["via"] == "echo"}
+    moved: dict[tuple[str, str], int] = {}  # probe entry (src, dst) -> unresolved that reached dst
+    for p in probes:
+        if p["via"] != "probe" or not p.get("unresolved"):
+            continue
+        got = received.get((p["src"], p["dst"]))
+        echo = echoes.get((p["dst"], p["src"]))
+        if got is not None and echo is not None:
+            # the responder had these: their echoes were lost, not the probes
+            moved[(p["src"], p["dst"])] = max(0, min(p["unresolved"], got - echo["sent"] - p.get("late", 0)))
+    if not moved:
+        return probes
+    out = []
+    for p in probes:
+        e = p
+        if p["via"] == "probe" and (p["src"], p["dst"]) in moved:
+            n = moved[(p["src"], p["dst"])]
+            e = {**p, "lost": p["lost"] - n, "unresolved": p["unresolved"] - n}
+        elif p["via"] == "echo" and (p["dst"], p["src"]) in moved:
+            n = moved[(p["dst"], p["src"])]
+            e = {**p, "sent": p["sent"] + n, "lost": p["lost"] + n}
+        out.append(e)
+    return out
+
+
+def merge_records(records: list[dict], *, half_rtt: bool = True) -> Pairs:
+    """The merged pairs of one window's records, already valid (`check_record`, one start_ns):
+    the console checks each record once, as it arrives, and merges the window from its rows."""
+    start = records[0]["start_ns"] if records else None
     received: dict[tuple[str, str], int] = {}
     for r in records:
-        for rx in r.get("received", []):
+        for rx in r.get("received", ()):
             if rx.get("start_ns", start) == start:
                 key = (rx["src"], r["nic"])
                 received[key] = received.get(key, 0) + rx["probes"]
-    entries: list[dict] = []
-    for r in records:
-        probes = r["probes"]
-        echoes = {(p["src"], p["dst"]): p for p in probes if p["via"] == "echo"}
-        moved: dict[tuple[str, str], int] = {}  # probe entry (src, dst) -> unresolved that reached dst
-        for p in probes:
-            if p["via"] != "probe" or not p.get("unresolved"):
-                continue
-            got = received.get((p["src"], p["dst"]))
-            echo = echoes.get((p["dst"], p["src"]))
-            if got is not None and echo is not None:
-                # the responder had these: their echoes were lost, not the probes
-                moved[(p["src"], p["dst"])] = max(0, min(p["unresolved"], got - echo["sent"] - p.get("late", 0)))
-        for p in probes:
-            e = dict(p)
-            if p["via"] == "probe" and (p["src"], p["dst"]) in moved:
-                n = moved[(p["src"], p["dst"])]
-                e["lost"] -= n
-                e["unresolved"] -= n
-            elif p["via"] == "echo" and (p["dst"], p["src"]) in moved:
-                n = moved[(p["dst"], p["src"])]
-                e["sent"] += n
-                e["lost"] += n
-            entries.append(e)
-    merged: dict[tuple[str, str], list[dict]] = {}
-    for e in entries:
-        merged.setdefault((e["src"], e["dst"]), []).append(e)
-    out = []
-    for (src, dst), group in merged.items():
-        sent = sum(e["sent"] for e in group)
-        lost = sum(e["lost"] for e in group)
-        if sent == 0:
-            continue
-        probe: dict[str, Any] = {"src": src, "dst": dst, "sent": sent, "lost": lost}
-        owd = _merge_owd(group, half_rtt)
-        if owd is not None:
-            probe["owd_us"], probe["owd_basis"] = owd
-        paths = [e.get("path") for e in group]
-        if paths and all(p is not None and p == paths[0] for p in paths):
-            probe["path"] = paths[0]
-        breakdown = [g for e in group for g in e.get("paths", [])]
-        if breakdown:
-            probe["paths"] = breakdown
-        unresolved = sum(e.get("unresolved", 0) for e in group)
-        if unresolved:
-            probe["unresolved"] = unresolved
-        late = sum(e.get("late", 0) for e in group)
-        if late:
-            probe["late"] = late  # of `lost`: answered after the deadline (a slow host, or a queue)
-        out.append(probe)
-    out.sort(key=lambda p: (p["src"], p["dst"]))
-    doc: dict[str, Any] = {"format": FORMAT}
-    if topology is not None:
-        doc["topology"] = topology
-    if records:
-        doc["window_s"] = records[0]["window_s"]
-        doc["start_ns"] = start
-    doc["probes"] = out
-    return doc
+    entries = [e for r in records for e in _settled(r, received)]
+    n = len(entries)
+    src_names = [e["src"] for e in entries]
+    dst_names = [e["dst"] for e in entries]
+    names = sorted(set(src_names) | set(dst_names))
+    rank = {name: i for i, name in enumerate(names)}
+    src = np.fromiter((rank[s] for s in src_names), np.int64, n)
+    dst = np.fromiter((rank[d] for d in dst_names), np.int64, n)
+    sent = np.fromiter((e["sent"] for e in entries), np.int64, n)
+    lost = np.fromiter((e["lost"] for e in entries), np.int64, n)
+    unresolved = np.fromiter((e.get("unresolved", 0) for e in entries), np.int64, n)
+    late = np.fromiter((e.get("late", 0) for e in entries), np.int64, n)
+    clock = np.fromiter((e.get("owd_basis") == "clock" for e in entries), bool, n)
+    usable = np.fromiter((bool(e.get("owd_us")) for e in entries), bool, n)
+    if not half_rtt:
+        usable &= clock
+    use = np.flatnonzero(usable)
+    weight = np.zeros(n)
+    a50, a99 = np.zeros(n), np.zeros(n)
+    weight[use] = [max(1, int(entries[i].get("owd_samples") or 1)) for i in use]
+    a50[use] = [entries[i]["owd_us"]["p50"] for i in use]
+    a99[use] = [entries[i]["owd_us"]["p99"] for i in use]
+    width = max(1, len(names))
+    pair_keys, first, group = np.unique(src * width + dst, return_index=True, return_inverse=True)
+    g = len(pair_keys)
+    # bincount adds in entry order, as a sum over the group's entries does: the same floats
+    total = np.bincount(group, weights=weight, minlength=g)
+    s50 = np.bincount(group, weights=weight * a50, minlength=g)
+    s99 = np.bincount(group, weights=weight * a99, minlength=g)
+    not_clock = np.bincount(group, weights=usable & ~clock, minlength=g)
 
+    def add(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(g, dtype=np.int64)
+        np.add.at(out, group, values)
+        return out
 
-def _merge_owd(group: list[dict], half_rtt: bool) -> tuple[dict, str] | None:
-    usable = [e for e in group if e.get("owd_us") and (half_rtt or e.get("owd_basis") == "clock")]
-    if not usable:
-        return None
-    weights = [max(1, int(e.get("owd_samples") or 1)) for e in usable]
-    total = sum(weights)
-    p50 = sum(w * e["owd_us"]["p50"] for w, e in zip(weights, usable, strict=True)) / total
-    p99 = sum(w * e["owd_us"]["p99"] for w, e in zip(weights, usable, strict=True)) / total
-    basis = "clock" if all(e.get("owd_basis") == "clock" for e in usable) else "half_rtt"
-    return {"p50": round(p50, 3), "p99": round(max(p50, p99), 3)}, basis
+    g_sent, g_lost = add(sent), add(lost)
+    p50 = np.full(g, math.nan)
+    p99 = np.full(g, math.nan)
+    timed = np.flatnonzero(total > 0)
+    m50 = (s50[timed] / total[timed]).tolist()
+    m99 = (s99[timed] / total[timed]).tolist()
+    p50[timed] = [round(a, 3) for a in m50]
+    p99[timed] = [round(max(a, b), 3) for a, b in zip(m50, m99, strict=True)]
+    # a pair's path: the one every entry of it gives; its breakdown: all its entries' (in order)
+    routed = [i for i, e in enumerate(entries) if e.get("path") is not None]
+    members = np.bincount(group, minlength=g)
+    with_path = np.bincount(group[routed], minlength=g) if routed else np.zeros(g, dtype=np.int64)
+    path: dict[int, list] = {int(k): entries[first[k]]["path"] for k in np.flatnonzero(with_path == members)
+                             if members[k]}
+    for i in routed:
+        k = int(group[i])
+        if k in path and entries[i]["path"] != path[k]:
+            del path[k]
+    paths: dict[int, list] = {}
+    for i, e in enumerate(entries):
+        if e.get("paths"):
+            paths.setdefault(int(group[i]), []).extend(e["paths"])
+    keep = np.flatnonzero(g_sent > 0)
+    merged = Pairs(names, pair_keys // width, pair_keys % width, g_sent, g_lost,
+                   add(unresolved), add(late), p50, p99, not_clock == 0, path, paths,
+                   start, records[0]["window_s"] if records else None)
+    return merged if len(keep) == g else merged.take(keep)
