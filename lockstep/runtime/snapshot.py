@@ -2,10 +2,11 @@
 fresh run from it (``lockstep snapshot`` / ``lockstep restore``; the orchestrator side is
 ``lockstep.orchestrator.snapshots``).
 
-Preparation: before the first hold the orchestrator sends ``snapshot_prepare``; each rank imports
-the file writer and starts its capture engine's worker (a process that imports torch: seconds on
-a busy host) while it trains on, and answers ``snapshot_prepared`` once the worker runs. Without
-it the first snapshot would hold every rank for that long.
+Preparation: before the hold the orchestrator sends ``snapshot_prepare``; each rank imports the
+file writer (it imports ``torch.distributed.checkpoint``: seconds on a busy host) and starts its
+capture engine's worker process while it trains on, and answers ``snapshot_prepared``. Without
+it the first snapshot held every rank for the import. (Only the first one is slow: later ones
+find both done.)
 
 Capture: the orchestrator holds every rank at the same boundary (the migration's ``hold``), then
 sends ``snapshot``. Each rank's control thread takes what the runtime discovered there
@@ -54,7 +55,6 @@ def _engine():
 
 
 _WRITING: list[threading.Thread] = []
-PREPARE_TIMEOUT_S = 120.0
 
 
 def on_prepare(rt, msg: dict):
@@ -63,17 +63,11 @@ def on_prepare(rt, msg: dict):
 
 
 def _prepare(rt, msg: dict):
-    import time
-
     import lockstep.checkpoint.files  # noqa: F401  (imports torch.distributed.checkpoint: not while held)
 
-    send = rt.controller.send if rt.controller else (lambda m: None)
-    engine = _engine()
-    engine.start()
-    deadline = time.monotonic() + PREPARE_TIMEOUT_S
-    while engine.worker_reads_memory is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the worker answers its probe once it has imported torch
-    send({"op": "snapshot_prepared", "id": msg.get("id")})
+    _engine().start()  # the worker imports torch from now on; staging does not wait for it
+    if rt.controller:
+        rt.controller.send({"op": "snapshot_prepared", "id": msg.get("id")})
 
 
 def on_order(rt, msg: dict):
