@@ -12,8 +12,9 @@ the script's own output (rank 0 prints one line per epoch; each line is time-sta
 arrives here), step numbers off ``lockstep``'s job status (heartbeats every 0.1 s here, instead
 of 1 s, so the restore's first step is seen within 0.1 s).
 
-Run 1, in one job: a quiet phase (no snapshot) gives the baseline epoch time; then ``--snapshots``
-on-demand snapshots, ``--gap`` seconds apart. Per snapshot:
+Run 1, in one job: a quiet phase of ``--quiet-epochs`` (no snapshot) gives the baseline epoch
+time; then ``--snapshots`` on-demand snapshots, each ``--gap-epochs`` after the previous one was
+published. Per snapshot:
 
 - **stall**: the manifest's ``paused_s`` -- every rank held at the same step boundary until every
   rank has staged its state into host memory and the hold is released.
@@ -184,10 +185,9 @@ def run_on_demand(args, state: str) -> dict:
         launch_s = first - job.launched
         job.wait_for(lambda: len(job.epochs) >= 3, "three epochs (warm-up)")
         quiet_from = len(job.epochs) - 1
-        time.sleep(args.quiet)  # the baseline: epochs with no snapshot
+        # the baseline: epochs with no snapshot
+        job.wait_for(lambda: len(job.epochs) - quiet_from > args.quiet_epochs, "the quiet epochs", every=0.1)
         quiet = [d for _, _, d in epoch_times(job.epochs[quiet_from:])]
-        if len(quiet) < 3:
-            raise RuntimeError(f"only {len(quiet)} epochs in the quiet phase: raise --quiet")
         baseline = statistics.median(quiet)
         cli = []
         for _ in range(args.snapshots):
@@ -196,7 +196,8 @@ def run_on_demand(args, state: str) -> dict:
             if done.returncode != 0:
                 raise RuntimeError(f"lockstep snapshot failed: {done.stderr}\n{job.output()}")
             cli.append((re.match(r"snapshot (\S+) of job", done.stdout).group(1), time.time() - t0))
-            time.sleep(args.gap)
+            after = len(job.epochs)
+            job.wait_for(lambda a=after: len(job.epochs) - a >= args.gap_epochs, "the epochs between snapshots", every=0.1)
         manifests = {m["id"]: m for m in job.snapshots()}
         epochs = epoch_times(job.epochs)
         rows = [snapshot_row(manifests[sid], epochs, baseline, cli_s) for sid, cli_s in cli]
@@ -240,9 +241,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", choices=sorted(STEPS_PER_EPOCH), default="transformer_lm.py")
     parser.add_argument("--epochs", type=int, default=100000, help="the script's epoch count (the bench stops it)")
-    parser.add_argument("--quiet", type=float, default=20.0, help="seconds of baseline epochs before the snapshots")
+    parser.add_argument("--quiet-epochs", type=int, default=8, help="baseline epochs before the snapshots")
     parser.add_argument("--snapshots", type=int, default=4, help="on-demand snapshots in run 1")
-    parser.add_argument("--gap", type=float, default=8.0, help="seconds between on-demand snapshots")
+    parser.add_argument("--gap-epochs", type=int, default=3, help="epochs between one snapshot's publication and the next")
     parser.add_argument("--direct-every", type=float, default=20.0, help="run 2's --snapshot-every in s (0: no run 2)")
     parser.add_argument("--direct-duration", type=float, default=80.0, help="seconds run 2 is measured")
     parser.add_argument("--json", default=None, help="write the results here too")
