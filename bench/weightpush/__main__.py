@@ -11,6 +11,9 @@ For each replica count, three ways to move the same bytes over the same transpor
 - **lockstep**: ``WeightPublisher.push`` of a full new version (no delta), from the call until
   every replica has acknowledged it whole; replicas keep running rollout steps meanwhile and
   report how long a step was ever blocked (``max_blocked``) against their longest swap.
+  ``--copy pull`` (the default): ``push(overlap=True)``, the leader reads the weights out of the
+  trainer (``process_vm_readv``) while sending; ``--copy trainer``: the trainer copies them into
+  the arena itself before ``push`` returns (pipelined with the sends).
 - **naive**: per tensor, ``torch.save`` to bytes and a length-prefixed send (TCP) or one send
   per tensor (gloo), one replica after another, as per-parameter RPC code does.
 
@@ -190,15 +193,18 @@ def run_lockstep(args, weights, n) -> dict:
         while sum(1 for s in pub.status()["replicas"].values() if s["applied"] == 1) < n:
             time.sleep(0.05)  # benchmark warm-up: every replica connected and running version 1
         time.sleep(1.0)  # a quiet second of rollout steps: the blocked-time baseline
-        times, stalls, windows = [], [], []
+        times, stalls, helds, windows = [], [], [], []
         for _ in range(args.rounds):
             with torch.no_grad():
                 for t in weights.values():
                     t.add_(1.0)
             w0 = time.time()
             t0 = time.perf_counter()
-            handle = pub.push(weights)
+            handle = pub.push(weights, overlap=args.copy == "pull")
             stalls.append(handle.stall_s)
+            handle.wait_staged(timeout=900)
+            helds.append(time.perf_counter() - t0)  # until here an optimizer step would wait
+            assert handle.pulled == (args.copy == "pull"), "the leader could not read this process"
             result = handle.wait(timeout=900)
             times.append(time.perf_counter() - t0)
             windows.append((w0, time.time() + 0.5))  # the swap follows delivery within a step
@@ -214,6 +220,7 @@ def run_lockstep(args, weights, n) -> dict:
     return {
         "push_s": min(times),
         "stall_s": min(stalls),  # best of the rounds, like push_s
+        "held_s": min(helds),
         "max_blocked_s": max(during, default=0.0),
         "quiet_max_blocked_s": max(quiet, default=0.0),
         "max_swap_s": max(r["max_swap_s"] for r in reports),
@@ -231,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--streams", type=int, default=4, help="lockstep links per replica (senders)")
     parser.add_argument("--rounds", type=int, default=2, help="timed transfers per method (the best is reported)")
     parser.add_argument("--methods", default="wire,lockstep,naive")
+    parser.add_argument("--copy", choices=["pull", "trainer"], default="pull",
+                        help="who stages the weights: the leader reads the trainer's memory, or the trainer copies")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -244,8 +253,9 @@ def main(argv=None) -> int:
         "tensors": len(weights),
         "transport": args.transport,
         "streams": args.streams,
+        "copy": args.copy,
     }
-    print(f"{nbytes / 2**20:.0f} MiB in {len(weights)} tensors over {args.transport}, load {header['load_before']}", flush=True)
+    print(f"{nbytes / 2**20:.0f} MiB in {len(weights)} tensors over {args.transport}, copy: {args.copy}, load {header['load_before']}", flush=True)
     rows = []
     methods = args.methods.split(",")
     for n in (int(x) for x in args.replicas.split(",")):
@@ -255,7 +265,7 @@ def main(argv=None) -> int:
             print(f"  {n} replica(s): wire {row['wire_s']:.2f} s", flush=True)
         if "lockstep" in methods:
             row.update(run_lockstep(args, weights, n))
-            print(f"  {n} replica(s): lockstep {row['push_s']:.2f} s (stall {row['stall_s'] * 1e3:.0f} ms, rollout step "
+            print(f"  {n} replica(s): lockstep {row['push_s']:.2f} s (stall {row['stall_s'] * 1e3:.0f} ms, weights held {row['held_s'] * 1e3:.0f} ms, rollout step "
                   f"blocked at most {row['max_blocked_s'] * 1e3:.2f} ms during pushes, {row['quiet_max_blocked_s'] * 1e3:.2f} ms "
                   f"when quiet, longest swap {row['max_swap_s'] * 1e3:.2f} ms, longest lock wait {row['max_lock_wait_s'] * 1e3:.2f} ms)",
                   flush=True)
@@ -265,12 +275,12 @@ def main(argv=None) -> int:
         rows.append(row)
     header["load_after"] = load_average()
     print()
-    print("| replicas | wire s | lockstep s | lockstep / wire | naive s | push() stall ms | rollout blocked max ms (during / quiet) | longest swap ms |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| replicas | wire s | lockstep s | lockstep / wire | naive s | push() stall ms | weights held ms | rollout blocked max ms (during / quiet) | longest swap ms |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         ratio = r["push_s"] / r["wire_s"] if "push_s" in r and "wire_s" in r else float("nan")
         print(f"| {r['replicas']} | {r.get('wire_s', float('nan')):.2f} | {r.get('push_s', float('nan')):.2f} | {ratio:.2f} | "
-              f"{r.get('naive_s', float('nan')):.2f} | {1e3 * r.get('stall_s', float('nan')):.0f} | "
+              f"{r.get('naive_s', float('nan')):.2f} | {1e3 * r.get('stall_s', float('nan')):.0f} | {1e3 * r.get('held_s', float('nan')):.0f} | "
               f"{1e3 * r.get('max_blocked_s', float('nan')):.2f} / {1e3 * r.get('quiet_max_blocked_s', float('nan')):.2f} | "
               f"{1e3 * r.get('max_swap_s', float('nan')):.2f} |")
     print(f"load before {header['load_before']}, after {header['load_after']}")

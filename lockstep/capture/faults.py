@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 ENV = "LOCKSTEP_CAPTURE_FAULT"
 POINTS = ("data", "synced", "metadata", "publish")
@@ -40,4 +41,8 @@ class FaultPlan:
     def reached(self, point: str, written: int = 0) -> None:
         if self.point == point and written >= self.after_bytes:
             self.point = None  # once
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # To this thread, not the process: a process-directed SIGSTOP may be taken by another
+            # (idle) thread, and this one would run on -- past the point, e.g. into the rename --
+            # until that thread has stopped the group. Sent to itself, the stop happens before
+            # this thread runs another instruction of its own (and still stops every thread).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)

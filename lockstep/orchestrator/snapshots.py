@@ -1,7 +1,8 @@
 """Job snapshots, the orchestrator's side: ``snapshot`` (on demand, from ``lockstep snapshot``)
 and the periodic schedule (``lockstep run --snapshot-every``, ``LOCKSTEP_SNAPSHOT_EVERY_S``).
 
-One snapshot: hold every rank at one boundary (as a migration does: ``core.hold_boundary``,
+One snapshot: have every rank prepare (``snapshot_prepare``: the capture engine's worker started,
+the writer imported -- only slow the first time, and training goes on meanwhile), hold every rank at one boundary (as a migration does: ``core.hold_boundary``,
 again further ahead when a rank was already past it), order ``snapshot`` (each rank stages its
 state into its capture engine, ``lockstep.runtime.snapshot``), release the hold as soon as every
 rank has staged -- training is paused for the copy into host memory only -- and once every rank
@@ -83,6 +84,12 @@ async def _take(orch, ranks, reason: str) -> dict:
     os.makedirs(partial, mode=0o700)
     released = False
     try:
+        for r in ranks:
+            r.events.pop("snapshot_prepared", None)
+            r.conn.send({"op": "snapshot_prepare", "id": sid})
+        await orch.wait_until(lambda: all(r.events.get("snapshot_prepared", {}).get("id") == sid for r in ranks),
+                              "every rank to prepare for the snapshot")
+        prepare_s = time.monotonic() - t0
         step_time = max(r.step_time_s for r in ranks)
         boundary = core.hold_boundary([r.step for r in ranks], step_time)
         while True:
@@ -129,7 +136,8 @@ async def _take(orch, ranks, reason: str) -> dict:
             "format": FORMAT, "id": sid, "job": orch.job, "step": boundary, "world_size": orch.world_size,
             "created": time.time(), "reason": reason,
             "bytes": sum(int(w.get("bytes", 0)) for w in written),
-            "paused_s": round(paused_s, 6), "duration_s": round(time.monotonic() - t0, 6),
+            "paused_s": round(paused_s, 6), "prepare_s": round(prepare_s, 6),
+            "duration_s": round(time.monotonic() - t0, 6),
             "ranks": [{"rank": r.rank, "node": r.node, "file": f"rank{r.rank}.pt", "bytes": w.get("bytes", 0),
                        "staged_s": s.get("staged_s"), "write_s": w.get("write_s")}
                       for r, s, w in zip(ranks, staged, written, strict=True)],

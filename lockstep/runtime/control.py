@@ -6,8 +6,8 @@ orchestrator restarts. The rank sends ``hello``, ``heartbeat`` (step, step time;
 (its collective progress, when asked to ``freeze``), ``holding`` (parked at a boundary),
 ``rebuilt``, ``unprotected`` / ``diverged``, and as a replacement ``ff_progress``, ``resumed``,
 ``resynced``, ``live``. It obeys ``freeze``, ``rebuild``, ``hold`` / ``release``, ``plan``
-(replacements), ``fail`` (the job cannot recover: waiting collectives raise) and ``snapshot``
-(capture while holding: ``snapshot``).
+(replacements), ``fail`` (the job cannot recover: waiting collectives raise),
+``snapshot_prepare`` (answered ``snapshot_prepared``) and ``snapshot`` (capture while holding).
 """
 
 from __future__ import annotations
@@ -142,6 +142,10 @@ class Controller:
             rt.release_hold()
         elif op == "ping":
             self.send({"op": "pong", "id": msg.get("id")})
+        elif op == "snapshot_prepare":
+            from lockstep.runtime import snapshot
+
+            snapshot.on_prepare(rt, msg)
         elif op == "snapshot":
             from lockstep.runtime import snapshot
 

@@ -2,6 +2,12 @@
 fresh run from it (``lockstep snapshot`` / ``lockstep restore``; the orchestrator side is
 ``lockstep.orchestrator.snapshots``).
 
+Preparation: before the hold the orchestrator sends ``snapshot_prepare``; each rank imports the
+file writer (it imports ``torch.distributed.checkpoint``: seconds on a busy host) and starts its
+capture engine's worker process while it trains on, and answers ``snapshot_prepared``. Without
+it the first snapshot held every rank for the import. (Only the first one is slow: later ones
+find both done.)
+
 Capture: the orchestrator holds every rank at the same boundary (the migration's ``hold``), then
 sends ``snapshot``. Each rank's control thread takes what the runtime discovered there
 (``Runtime.capture_rank_state``: parameters, optimizer and scheduler states, RNG states, module
@@ -49,6 +55,19 @@ def _engine():
 
 
 _WRITING: list[threading.Thread] = []
+
+
+def on_prepare(rt, msg: dict):
+    """The orchestrator's ``snapshot_prepare`` (control thread): warm up beside training."""
+    threading.Thread(target=_prepare, args=(rt, msg), name="lockstep-snapshot-prepare", daemon=True).start()
+
+
+def _prepare(rt, msg: dict):
+    import lockstep.checkpoint.files  # noqa: F401  (imports torch.distributed.checkpoint: not while held)
+
+    _engine().start()  # the worker imports torch from now on; staging does not wait for it
+    if rt.controller:
+        rt.controller.send({"op": "snapshot_prepared", "id": msg.get("id")})
 
 
 def on_order(rt, msg: dict):

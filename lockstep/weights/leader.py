@@ -11,6 +11,12 @@ The arena is shared with the trainer, so it is handed over explicitly: the train
 reading the arena and starts none until the trainer says ``staged``. A push is ``delivered``
 when every replica it was sent to has acknowledged the whole version (or is gone).
 
+A ``pull`` push (the trainer's ``overlap``) is staged here instead: ``PULL_THREADS`` threads copy
+the trainer's tensors into the arena with ``process_vm_readv``, ``PULL_CHUNK`` bytes at a time,
+and the gate follows the contiguous prefix they have finished, so each chunk is sent as soon as
+it is in. ``pulled`` tells the trainer its weights may change again; the arena is not handed back
+and no delivery is reported before that.
+
 All state lives in one thread (``Leader.run``) fed by an event queue; the other threads only
 read sockets and post events.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import itertools
 import os
 import queue
 import socket
@@ -32,9 +39,13 @@ from datetime import timedelta
 from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
 from lockstep.capture.events import EventSender
+from lockstep.capture.worker import pull_from
 from lockstep.weights.links import PairGroupLink, TcpLink
 from lockstep.weights.plan import needed, stripe
 from lockstep.weights.protocol import ProtocolError, recv_frame, send_frame
+
+PULL_THREADS = 4
+PULL_CHUNK = 8 << 20
 
 
 @dataclass
@@ -60,15 +71,24 @@ class Gate:
     def __init__(self):
         self._cond = threading.Condition()
         self.upto = 0
+        self.failed: str | None = None
 
     def set(self, upto: float) -> None:
         with self._cond:
-            self.upto = upto
+            self.upto, self.failed = upto, None
+            self._cond.notify_all()
+
+    def fail(self, why: str) -> None:
+        """Staging failed: the senders stop before the bytes that never came (nothing torn goes out)."""
+        with self._cond:
+            self.failed = why
             self._cond.notify_all()
 
     def wait(self, end: int) -> None:
         with self._cond:
             while self.upto < end:
+                if self.failed is not None:
+                    raise RuntimeError(self.failed)
                 self._cond.wait()
 
 
@@ -121,6 +141,7 @@ class Leader:
         self.arena_held = False
         self.acquire_waiting = False
         self.delivery: dict | None = None
+        self.pulling = False  # a pull push's reads of the trainer are running
         self.epochs = 0
         self.notify = EventSender()
         host = init["host"]
@@ -238,6 +259,8 @@ class Leader:
                 self._on_frame(event[1], event[2], event[3])
             elif kind == "gone":
                 self._drop(event[1], event[3], sock=event[2])
+            elif kind == "pulled":
+                self._on_pulled(event[1], event[2])
             elif kind == "gone_epoch":
                 r = self.replicas.get(event[1])
                 if r is not None and r.epoch == event[2]:
@@ -255,6 +278,12 @@ class Leader:
         elif op == "progress":
             if msg[1] == self.version:
                 self.gate.set(msg[2])
+        elif op == "pull":
+            _, version, changed_at, pid, segments = msg
+            self.gate.set(0)
+            self.pulling = True
+            self._begin(version, changed_at)
+            threading.Thread(target=self._pull, args=(version, pid, segments), name="pull", daemon=True).start()
         elif op == "staged":
             _, version, changed_at = msg
             self.gate.set(float("inf"))
@@ -262,6 +291,55 @@ class Leader:
                 self._begin(version, changed_at)
         elif op == "status":
             self.channel.send(("status", self._status()))
+
+    def _pull(self, version: int, pid: int, segments: list) -> None:
+        """Copy the trainer's tensors into the arena, in chunks, on several threads; open the gate as they land."""
+        chunks = [(remote + k, offset + k, min(PULL_CHUNK, n - k)) for remote, offset, n in segments for k in range(0, n, PULL_CHUNK)]
+        done = [False] * len(chunks)
+        lock = threading.Lock()
+        order = itertools.count()
+        prefix = [0]
+        errors: list[str] = []
+
+        def work() -> None:
+            while not errors:
+                with lock:
+                    i = next(order)
+                if i >= len(chunks):
+                    return
+                try:
+                    pull_from(pid, self.arena, [chunks[i]])
+                except OSError as exc:
+                    errors.append(f"reading the trainer's weights failed: {exc}")
+                    return
+                with lock:
+                    done[i] = True
+                    while prefix[0] < len(chunks) and done[prefix[0]]:
+                        prefix[0] += 1
+                    if prefix[0] == len(chunks):
+                        self.gate.set(float("inf"))
+                    elif prefix[0]:
+                        self.gate.set(chunks[prefix[0] - 1][1] + chunks[prefix[0] - 1][2])
+
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(min(PULL_THREADS, len(chunks)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.gate.fail(errors[0])
+        self.events.put(("pulled", version, errors[0] if errors else None))
+
+    def _on_pulled(self, version: int, error: str | None) -> None:
+        self.pulling = False
+        with contextlib.suppress(ChannelClosed):
+            self.channel.send(("pulled", version, error))
+        if error is not None:
+            # The senders stopped at the gate; the replicas hold part of a version they never
+            # apply. Drop them: they reconnect and get everything of the next version.
+            for name in list(self.replicas):
+                self._drop(name, error)
+        self._maybe_delivered()
 
     def _begin(self, version: int, changed_at: list[int]) -> None:
         self.arena_held = False
@@ -351,7 +429,7 @@ class Leader:
 
     def _maybe_delivered(self) -> None:
         d = self.delivery
-        if d is None or d["waiting"]:
+        if d is None or d["waiting"] or self.pulling:
             return
         self.delivery = None
         result = {
@@ -365,7 +443,7 @@ class Leader:
             self.channel.send(("delivered", result))
 
     def _maybe_grant_arena(self) -> None:
-        if self.acquire_waiting and all(r.sending is None for r in self.replicas.values()):
+        if self.acquire_waiting and not self.pulling and all(r.sending is None for r in self.replicas.values()):
             self.acquire_waiting = False
             self.arena_held = True
             with contextlib.suppress(ChannelClosed):
@@ -376,6 +454,16 @@ class Leader:
             "version": self.version,
             "replicas": {n: {"received": r.acked, "applied": r.applied, "sending": r.sending} for n, r in self.replicas.items()},
         }
+
+
+def _can_pull(pid: int, address: int, length: int, expected_hex: str) -> bool:
+    probe = Arena(length, name="lockstep-probe")
+    try:
+        return pull_from(pid, probe, [(address, 0, length)], expect=bytes.fromhex(expected_hex))
+    except OSError:
+        return False  # ptrace rules (Yama, seccomp) forbid it: pushes copy on the trainer
+    finally:
+        probe.close()
 
 
 def main() -> None:
@@ -391,7 +479,7 @@ def main() -> None:
         init = msg[1]
         arena = Arena.attach(fds[0], init["capacity"])
         leader = Leader(channel, init, arena)
-        channel.send(("listening", leader.addresses()))
+        channel.send(("listening", {**leader.addresses(), "can_pull": _can_pull(*init["probe"])}))
         leader.run()
     except BaseException:
         traceback.print_exc()

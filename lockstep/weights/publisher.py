@@ -6,16 +6,28 @@ to every replica, striped over ``streams`` links per replica. At most one push i
 arena holds exactly the latest version (late joiners are served from it), so the next ``push``
 waits for the previous one to be delivered (``block=False`` raises ``CaptureInFlight`` instead).
 
+``push(overlap=True)`` does not copy on the trainer at all: it returns at once and the leader
+reads the trainer's tensors itself (``process_vm_readv``, several threads, each chunk sent as
+soon as it is in the arena), so the copy runs beside the sends instead of before them, on other
+cores than the training loop's. Until the leader has read the whole version, every
+``optimizer.step()`` of the process first waits for it (a global optimizer pre-step hook), and so
+do ``PushHandle.wait`` and the next ``push``: only the optimizer (or the caller after ``wait``) may
+change the weights. Where the leader cannot read this process (ptrace rules, CUDA or
+non-contiguous tensors, a ``delta`` comparison) the push copies here as without ``overlap``.
+
 Memory: one arena of the weights' size on the trainer host, shared with the leader; each replica
 holds two buffers per tensor (the version it runs and the one it receives).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -46,23 +58,51 @@ class PushHandle:
         self.stall_s = stall_s  # how long push() blocked the trainer
         self.changed = changed  # tensors that changed since the previous version
         self.staged_bytes = staged_bytes
+        self.pulled = False  # overlap: the leader reads the tensors out of this process
+        self.blocked_s = 0.0  # overlap: time optimizer steps waited for the leader's reads
+        self._staged = True
+        self._error: str | None = None
+        self._keepalive: list | None = None  # sources the leader is still reading
         self._publisher = publisher
         self._result: dict | None = None
 
+    @property
+    def staged(self) -> bool:
+        """True once the whole version is in the arena (at once unless the leader pulls it)."""
+        return self._staged
+
+    def wait_staged(self, timeout: float | None = None) -> None:
+        """Until the leader has read every tensor of this version (the weights may change then)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._staged:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"version {self.version} not staged after {timeout} s")
+            self._publisher._pump(timeout=left)
+        if self._error is not None:
+            raise PushFailed(self._error)
+
     def done(self) -> bool:
-        if self._result is None:
+        if self._result is None or not self._staged:
             self._publisher._pump(timeout=0.0)
-        return self._result is not None
+        return self._result is not None and self._staged
 
     def wait(self, timeout: float | None = None) -> dict:
         """``{version, replicas: {name: "received" | "lost: ..."}, bytes, duration_s}``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._result is None:
+        while self._result is None or not self._staged:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"version {self.version} not delivered after {timeout} s")
             self._publisher._pump(timeout=left)
+        if self._error is not None:
+            raise PushFailed(self._error)
         return self._result
+
+    def _set_staged(self, error: str | None = None) -> None:
+        self._staged = True
+        self._error = self._error or error
+        self._keepalive = None
 
 
 class WeightPublisher:
@@ -98,7 +138,10 @@ class WeightPublisher:
         self._free = False
         self._status: dict | None = None
         self._proc = BackgroundProcess("lockstep.weights.leader")
+        # Can the leader read this process's memory (process_vm_readv)? It tries on this buffer.
+        probe = ctypes.create_string_buffer(_PROBE)
         init = {
+            "probe": [os.getpid(), ctypes.addressof(probe), len(_PROBE), _PROBE.hex()],
             "publisher": self.publisher_id,
             "job": os.environ.get("LOCKSTEP_JOB"),  # under lockstep run: the console shows it as the job's
             "layout": [[s.key, str(s.dtype), list(s.shape), s.nbytes] for s in self.layout.slots],
@@ -115,6 +158,8 @@ class WeightPublisher:
         if msg[0] != "listening":
             raise PushFailed(f"leader did not start: {msg!r}")
         self.address = tuple(msg[1]["control"])
+        self.leader_reads_memory = bool(msg[1]["can_pull"])
+        del probe
 
     @property
     def version(self) -> int:
@@ -126,11 +171,14 @@ class WeightPublisher:
         *,
         changed: list[str] | None = None,
         block: bool = True,
+        overlap: bool = False,
     ) -> PushHandle:
         """Stage a new version and return; the leader delivers it in the background.
 
         ``changed``: the names of the tensors that changed (skips comparing the others); by
         default every tensor is sent, or with ``delta=True`` those that differ from the last push.
+        ``overlap``: return before the weights are staged; the leader reads them out of this
+        process while ``optimizer.step()`` waits (see the module's text).
         """
         with self._lock:
             started = time.perf_counter()
@@ -157,6 +205,16 @@ class WeightPublisher:
                 copy = [i for i, slot in enumerate(self.layout.slots) if hint is None or slot.key in hint]
                 for i in copy:
                     self._changed_at[i] = version
+                if overlap and self.leader_reads_memory and all(not srcs[i].is_cuda and srcs[i].is_contiguous() for i in copy):
+                    pull = [(srcs[i].data_ptr(), self.layout.slots[i].offset, self.layout.slots[i].nbytes) for i in copy]
+                    self._proc.channel.send(("pull", version, list(self._changed_at), os.getpid(), pull))
+                    self._version = version
+                    handle = PushHandle(self, version, time.perf_counter() - started, len(copy), sum(n for _, _, n in pull))
+                    handle.pulled, handle._staged, handle._keepalive = True, False, srcs
+                    _install_optimizer_hook()
+                    _PULLING.add(handle)
+                    self._pending = handle
+                    return handle
                 self._proc.channel.send(("staging", version, list(self._changed_at)))
                 staged, since = 0, 0
                 with torch.no_grad():
@@ -219,12 +277,45 @@ class WeightPublisher:
             except TimeoutError:
                 return
             except ChannelClosed as exc:
-                raise PushFailed(f"the weight leader process exited ({self._proc.exit_status()})") from exc
+                why = f"the weight leader process exited ({self._proc.exit_status()})"
+                if self._pending is not None and not self._pending._staged:
+                    self._pending._set_staged(why)  # optimizer steps must not wait for it forever
+                raise PushFailed(why) from exc
             if msg[0] == "delivered":
                 result = msg[1]
                 if self._pending is not None and self._pending.version == result["version"]:
                     self._pending._result = result
+            elif msg[0] == "pulled":
+                if self._pending is not None and self._pending.version == msg[1]:
+                    self._pending._set_staged(msg[2])
             elif msg[0] == "free":
                 self._free = True
             elif msg[0] == "status":
                 self._status = msg[1]
+
+
+_PROBE = b"lockstep weights probe: can the leader read its trainer's memory?"
+_PULLING: weakref.WeakSet[PushHandle] = weakref.WeakSet()
+_hook_installed = False
+_hook_lock = threading.Lock()
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    """Global optimizer pre-step hook: weights may not change while the leader reads them."""
+    for handle in list(_PULLING):
+        if not handle._staged:
+            started = time.perf_counter()
+            with contextlib.suppress(PushFailed):  # reported by the handle's wait(); the weights are free either way
+                handle.wait_staged()
+            handle.blocked_s += time.perf_counter() - started
+        _PULLING.discard(handle)
+
+
+def _install_optimizer_hook() -> None:
+    global _hook_installed
+    with _hook_lock:
+        if not _hook_installed:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            register_optimizer_step_pre_hook(_before_optimizer_step)
+            _hook_installed = True

@@ -151,6 +151,39 @@ def test_three_generating_replicas_each_run_whole_versions_and_end_on_the_last(t
         pub.close()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
+def test_an_overlapped_push_is_read_by_the_leader_and_the_optimizer_step_waits_for_it(transport):
+    # 32 MiB of weights: the leader reads them in chunks while the trainer goes straight on to
+    # optimizer.step(), which changes every byte. Each replica version must be the weights as they
+    # were at push(), not a mix with the step's.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 4096)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    pub = WeightPublisher(model, streams=3, transport=transport)
+    replica = WeightReplica(pub.address, name="r")
+    try:
+        assert pub.leader_reads_memory
+        for version in (1, 2, 3):
+            expected = {k: v.clone() for k, v in model.state_dict().items()}
+            handle = pub.push(model, overlap=True)
+            assert handle.pulled
+            for p in model.parameters():
+                p.grad = torch.full_like(p, 0.5)
+            opt.step()  # waits for the leader's reads
+            assert handle.staged
+            result = handle.wait(timeout=120)
+            assert set(result["replicas"].values()) <= {"received"}
+            replica.wait_for_version(version, timeout=60)
+            with replica.hold() as w:  # swaps to it on entry
+                assert w.version == version
+                for k, v in expected.items():
+                    assert torch.equal(w.tensors[k], v), (version, k)
+        assert not torch.equal(model.weight, expected["weight"])  # the steps did change the weights
+    finally:
+        replica.close()
+        pub.close()
+
+
 def test_push_is_refused_while_the_previous_is_in_flight_when_asked_not_to_block():
     from lockstep.capture import CaptureInFlight
 
