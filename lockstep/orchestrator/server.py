@@ -45,6 +45,8 @@ from lockstep.orchestrator.events import AGENT_KINDS, AgentEvents
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
 HEARTBEAT_EVENT_S = float(os.environ.get("LOCKSTEP_HEARTBEAT_EVENT_S", "5"))
+# Ranks per job.heartbeat event: 256 rows are ~20 KiB, well inside the agent socket's 64 KiB line.
+HEARTBEAT_RANKS_PER_EVENT = 256
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
 LINE_LIMIT = 256 << 20  # a lost rank's state (buffers included) travels in one line
 
@@ -231,10 +233,12 @@ class Orchestrator:
                         await node.conn.writer.drain()
             if now - last_event >= HEARTBEAT_EVENT_S:
                 last_event = now
-                self.events.emit("job.heartbeat", {
-                    "job": self.job, "generation": self.generation,
-                    "ranks": [{"rank": r.rank, "step": r.step, "step_time_s": r.step_time_s, "node": r.node,
-                               "state": r.status} for r in self.ranks.values()]})
+                rows = [{"rank": r.rank, "step": r.step, "step_time_s": r.step_time_s, "node": r.node,
+                         "state": r.status} for r in self.ranks.values()]
+                for part in core.heartbeat_parts(rows, HEARTBEAT_RANKS_PER_EVENT):
+                    self.events.emit("job.heartbeat", {
+                        "job": self.job, "generation": self.generation, "world_size": self.world_size,
+                        "ranks": part})
 
     async def _read_lines(self, conn: Conn):
         while True:
