@@ -85,6 +85,13 @@ class Daemon:
         self.events = EventQueue()  # local socket -> agent.events -> telemetry
         self.ready = threading.Event()  # set once the loops run (tests wait on it)
 
+    def clock_reading(self) -> dict | None:
+        """Cluster time for command handlers (the audit's load start and clock check): the clock-sync
+        provider's answer, or None while no clock sync runs on this node."""
+        if self.cluster_clock.provider is None:
+            return None
+        return self.cluster_clock.now().answer()
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -213,7 +220,7 @@ class Daemon:
         )
         # "host_paths" and "nvml": where command handlers (the audit checks) read the host from
         services = {"inventory": self.collect_inventory, "health": self.health, "activities": self.supervisor,
-                    "host_paths": self.paths, "nvml": self.nvml}
+                    "host_paths": self.paths, "nvml": self.nvml, "clock": self.clock_reading}
         self.runner = CommandRunner(
             self.registry, self.store, self.poster.notify, emit=self.buffer.emit, services=services,
             workers=self.workers,

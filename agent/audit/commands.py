@@ -152,12 +152,17 @@ def audit_host(args: dict, ctx: CommandContext) -> dict:
 
 LOAD_ARGS = {
     "run": Arg(int, required=True, min=0, max=2**32 - 1, help="the audit run id (stray packets of others are ignored)"),
-    "start_at": Arg(float, required=True, help="unix time when every agent starts sending"),
+    "start_at": Arg(float, required=True,
+                    help="when every agent starts sending: cluster time (unix s) by the node's synchronized clock"),
     "duration_s": Arg(float, required=True, min=0.1, max=600),
     "window_s": Arg(float, default=1.0, min=0.1, max=60),
     "grace_s": Arg(float, default=1.0, min=0.0, max=30, help="how long receivers wait for late packets"),
     "packet_bytes": Arg(int, default=1400, min=24, max=65000),
     "protocol": Arg(str, default="udp", choices=("udp", "tcp")),
+    "trace_ttl": Arg(int, default=0, min=0, max=64,
+                     help="before the load, the hop each UDP flow reaches at this TTL (0: no trace)"),
+    "trace_extra": Arg(int, default=0, min=0, max=16,
+                       help="more traced tuples per flow, from kernel-chosen source ports"),
     "flows": Arg(list, items=dict, default=[], max_len=4096,
                  help='[{"id", "src", "src_addr", "device", "dst", "dst_addr", "sport", "dport", "rate_mbit"}]'),
     "listen": Arg(list, items=dict, default=[], max_len=256,

@@ -6,9 +6,11 @@ at once. UDP flows are paced at ``rate_mbit`` each; every datagram carries a hea
 
     magic "LSL1" | run (u32) | flow id (u32) | sequence (u32) | send time (i64 ns)
 
-The send time is CLOCK_REALTIME, plus the agent's clock-sync offset when the agent has a
-synchronized clock (then one-way delays are measured against the cluster clock; otherwise they
-are realtime differences, exact within one machine, as in the emulated testbed). The receiver
+``start_at`` is an instant of *cluster time*: an agent whose clock sync is synchronized starts at
+that instant by its cluster clock, and stamps send times in cluster time (one-way delays are then
+measured against the cluster clock). An agent without a synchronized clock says so in its result
+(``clock.basis: "realtime"`` and its ``reason``) and starts by its own CLOCK_REALTIME, which
+is exact within one machine, as in the emulated testbed, and NTP-close elsewhere. The receiver
 takes the kernel's receive timestamp (``SO_TIMESTAMPNS``) of each datagram. Both sides count by
 *window of the send time* (``floor((t_send - start_at) / window_s)``), so a window's sent and
 received counts describe the same packets; the console merges them into
@@ -21,6 +23,15 @@ errors (no route, no buffer) count as not sent (``send_errors``).
 A sender that falls behind its schedule by more than ``MAX_LAG_S`` (a busy host) skips the
 missed slots instead of bursting them, and reports how many it skipped: what was sent is what
 was offered, so a busy sender never shows up as loss on the network.
+
+Before the load, while it waits for ``start_at`` (``trace_ttl`` > 0 and at least ``TRACE_MIN_S``
+left), each UDP flow's own 5-tuple is sent once with that TTL from a socket bound to the flow's
+source (Paris-traceroute style: ECMP hashes it onto the flow's path), and ``trace_extra`` more
+tuples from kernel-chosen source ports to the same destination; the switch where it expires
+answers ICMP time exceeded from the address of the port it arrived on, read from the socket's
+error queue (``IP_RECVERR``, no raw socket). ``paths`` lists each trace's answering address: with
+TTL 2, the switch after the first one, i.e. the uplink a flow left its leaf by (the console's
+ECMP check, ``workers.audit.ecmp``).
 
 TCP flows (``protocol: "tcp"``) measure goodput only: bytes received per window of receive time.
 
@@ -53,6 +64,12 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 RCVBUF = 8 << 20
 _TIMESPEC = struct.Struct("@qq")
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
+MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+_EXT_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err; the offender's sockaddr follows
+SO_EE_ORIGIN_ICMP = 2
+TRACE_MIN_S = 0.5  # the least time before start_at worth tracing in
+TRACE_MAGIC = b"LSLT"
 
 
 class LoadError(ValueError):
@@ -227,7 +244,7 @@ def _udp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled:
     pad = b"\0" * (size - HEADER.size)
     run = int(spec["run"])
     tx, socks, heap = [], [], []
-    start = win.start_ns / 1e9
+    start = win.start_ns / 1e9 - offset_ns / 1e9  # on this host's clock
     for i, f in enumerate(flows):
         entry = {"flow": f["id"], "src": f["src"], "dst": f["dst"], "sport": f["sport"], "sent": [0] * win.windows,
                  "bytes": [0] * win.windows, "skipped": 0, "send_errors": 0, "local_drops": 0, "lag_max_ms": 0.0}
@@ -290,10 +307,71 @@ def _udp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled:
                 s.close()
 
 
+# -- path trace ------------------------------------------------------------------------------------
+
+
+def _icmp_answer(sock: socket.socket) -> tuple[str | None, str] | None:
+    """(offender address, "ttl" | "unreach" | "icmp") of one queued ICMP error, None when none is queued."""
+    try:
+        _data, anc, _flags, _addr = sock.recvmsg(512, 512, MSG_ERRQUEUE)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return None
+    for level, ctype, cdata in anc:
+        if level == socket.IPPROTO_IP and ctype == IP_RECVERR and len(cdata) >= _EXT_ERR.size:
+            ee = _EXT_ERR.unpack_from(cdata)
+            if ee[1] != SO_EE_ORIGIN_ICMP:
+                return None, "other"
+            offender = None
+            if len(cdata) >= _EXT_ERR.size + 8 and struct.unpack_from("=H", cdata, _EXT_ERR.size)[0] == socket.AF_INET:
+                offender = socket.inet_ntoa(cdata[_EXT_ERR.size + 4:_EXT_ERR.size + 8])
+            return offender, "ttl" if ee[2] == 11 else "unreach" if ee[2] == 3 else "icmp"
+    return None, "other"
+
+
+def _trace(flows: list[dict], run: int, ttl: int, extra: int, deadline: float, errors: list[str]) -> list[dict]:
+    """Each flow's answering address at `ttl`, from its own source port and from `extra` more
+    (kernel-chosen) ones to the same destination (see the module docstring); until `deadline`."""
+    socks: dict[socket.socket, dict] = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for f in flows:
+            for j in range(1 + extra):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                try:
+                    _bind_device(sock, f.get("device"), [])
+                    sock.bind((f["src_addr"], int(f["sport"]) if j == 0 else 0))
+                    sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+                    sock.setblocking(False)
+                    sock.sendto(TRACE_MAGIC + struct.pack("!II", run, f["id"]), (f["dst_addr"], int(f["dport"])))
+                except OSError as exc:
+                    errors.append(f"trace of flow {f['id']}: {exc}")
+                    sock.close()
+                    continue
+                socks[sock] = {"flow": f["id"], "sport": sock.getsockname()[1], "ttl": ttl, "hop": None, "answer": None}
+                sel.register(sock, selectors.EVENT_READ)
+        waiting = set(socks)
+        while waiting and time.time() < deadline:
+            # a queued ICMP error makes the socket readable (POLLERR)
+            for key, _ in sel.select(min(0.05, max(0.0, deadline - time.time()))):
+                answer = _icmp_answer(key.fileobj)
+                if answer is not None and key.fileobj in waiting:
+                    socks[key.fileobj]["hop"], socks[key.fileobj]["answer"] = answer
+                    waiting.discard(key.fileobj)
+                    sel.unregister(key.fileobj)
+    finally:
+        for sock in socks:
+            sock.close()
+        sel.close()
+    return list(socks.values())
+
+
 # -- TCP -------------------------------------------------------------------------------------------
 
 
-def _tcp_receiver(spec: dict, win: _Window, stop_at: float, ready: threading.Event, out: dict,
+def _tcp_receiver(spec: dict, win: _Window, offset_ns: int, stop_at: float, ready: threading.Event, out: dict,
                   errors: list[str]) -> None:
     entries: dict[int, dict] = {}
     servers = []
@@ -335,7 +413,7 @@ def _tcp_receiver(spec: dict, win: _Window, stop_at: float, ready: threading.Eve
                     data = conn.recv(1 << 18)
                     if not data:
                         return
-                    w = win.of(time.time_ns())
+                    w = win.of(time.time_ns() + offset_ns)
                     if 0 <= w < win.windows:
                         with lock:
                             entry["bytes"][w] += len(data)
@@ -364,7 +442,7 @@ def _tcp_receiver(spec: dict, win: _Window, stop_at: float, ready: threading.Eve
     out["unexpected"] = 0
 
 
-def _tcp_sender(spec: dict, win: _Window, end: float, cancelled: threading.Event, out: dict,
+def _tcp_sender(spec: dict, win: _Window, offset_ns: int, end: float, cancelled: threading.Event, out: dict,
                 errors: list[str]) -> None:
     run = int(spec["run"])
     tx = []
@@ -392,14 +470,14 @@ def _tcp_sender(spec: dict, win: _Window, end: float, cancelled: threading.Event
                         continue
                     n = sock.send(chunk)
                     sent_total += n
-                    w = win.of(time.time_ns())
+                    w = win.of(time.time_ns() + offset_ns)
                     if 0 <= w < win.windows:
                         entry["bytes"][w] += n
                 sock.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 errors.append(f"flow {f['id']}: {exc}")
 
-    start = win.start_ns / 1e9
+    start = win.start_ns / 1e9 - offset_ns / 1e9  # on this host's clock
     while time.time() < start and not cancelled.is_set():
         time.sleep(min(0.01, start - time.time()))
     for f in spec.get("flows", []):
@@ -416,51 +494,74 @@ def _tcp_sender(spec: dict, win: _Window, end: float, cancelled: threading.Event
 # -- a run -----------------------------------------------------------------------------------------
 
 
+def _cluster_offset_ns(clock: Callable[[], dict | None] | None) -> tuple[int, str | None]:
+    """(cluster time minus CLOCK_REALTIME, None) from a synchronized clock service; else
+    (0, why this agent cannot start by cluster time)."""
+    if clock is None:
+        return 0, "no cluster clock on this agent"
+    try:
+        reading = clock()
+    except Exception as exc:  # noqa: BLE001 - a broken clock service: start in realtime, say so
+        return 0, f"the clock service failed ({exc})"
+    if not reading:
+        return 0, "no clock sync runs on this node"
+    if not reading.get("synced"):
+        return 0, "this node's clock sync is not synchronized"
+    # from the reading itself, not its offset field: one subtraction, no sign convention to trust
+    return int(reading["cluster_time_ns"]) - time.time_ns(), None
+
+
 def run_load(spec: dict, *, cancelled: threading.Event | None = None,
-             clock: Callable[[], dict] | None = None, now: Callable[[], float] = time.time) -> dict:
-    """Run the flows and listeners of ``spec`` (the ``audit.load`` arguments); returns the result."""
+             clock: Callable[[], dict | None] | None = None, now: Callable[[], float] = time.time) -> dict:
+    """Run the flows and listeners of ``spec`` (the ``audit.load`` arguments); returns the result.
+
+    ``clock``: the agent's cluster-time reading (``{"synced", "cluster_time_ns", ...}`` or None)."""
     _check(spec)
     cancelled = cancelled or threading.Event()
     errors: list[str] = []
-    offset_ns, basis = 0, "realtime"
-    if clock is not None:
-        try:
-            state = clock()
-            if state.get("synced"):
-                offset_ns, basis = int(state.get("offset_ns", 0)), "lockstep"
-        except Exception as exc:  # noqa: BLE001 - a broken clock service: measure in realtime, say so
-            errors.append(f"clock service failed ({exc}); delays are realtime differences")
-    start_at = float(spec["start_at"])
+    offset_ns, unsynced = _cluster_offset_ns(clock)
+    start_at = float(spec["start_at"])  # cluster time
     duration = float(spec["duration_s"])
     window_s = float(spec["window_s"])
     windows = max(1, int(math.ceil(duration / window_s - 1e-9)))
     grace = float(spec.get("grace_s", 1.0))
+    # windows are of the send stamp (cluster time); the schedule runs on this host's clock
     win = _Window(int(start_at * 1e9), int(window_s * 1e9), windows)
-    late = max(0.0, now() - start_at)
-    end = start_at + duration
+    local_start = start_at - offset_ns / 1e9
+    late = max(0.0, now() - local_start)
+    end = local_start + duration
     out: dict[str, Any] = {}
     ready = threading.Event()
     protocol = spec.get("protocol", "udp")
+    ttl = int(spec.get("trace_ttl", 0))
+    paths = None
+    if ttl and protocol == "udp" and spec.get("flows"):
+        if local_start - now() >= TRACE_MIN_S:  # trace while waiting, never into the load
+            paths = _trace(spec["flows"], int(spec["run"]), ttl, int(spec.get("trace_extra", 0)), local_start - 0.2,
+                           errors)
+        else:
+            errors.append(f"no time to trace the flows' paths before start_at (under {TRACE_MIN_S} s left)")
     if protocol == "udp":
         receiver = threading.Thread(target=_udp_receiver, args=(spec, win, offset_ns, end + grace, ready, out, errors),
                                     name="load-rx", daemon=True)
     else:
-        receiver = threading.Thread(target=_tcp_receiver, args=(spec, win, end + grace, ready, out, errors),
+        receiver = threading.Thread(target=_tcp_receiver, args=(spec, win, offset_ns, end + grace, ready, out, errors),
                                     name="load-rx", daemon=True)
     receiver.start()
     ready.wait(10)
     if protocol == "udp":
         _udp_sender(spec, win, offset_ns, end, cancelled, out, errors)
     else:
-        _tcp_sender(spec, win, end, cancelled, out, errors)
+        _tcp_sender(spec, win, offset_ns, end, cancelled, out, errors)
     receiver.join(timeout=max(0.0, end + grace - time.time()) + 10)
     return {
         "format": FORMAT, "run": int(spec["run"]), "protocol": protocol, "start_at": start_at, "duration_s": duration,
         "window_s": window_s, "windows": windows, "packet_bytes": int(spec.get("packet_bytes", 1400)),
-        "started_late_s": round(late, 6), "clock": {"basis": basis, "offset_ns": offset_ns},
+        "started_late_s": round(late, 6), "clock": {"basis": "realtime" if unsynced else "lockstep", "offset_ns": offset_ns}
+        | ({"reason": unsynced + ": started at start_at by its own clock"} if unsynced else {}),
         "tx": out.get("tx", []), "rx": out.get("rx", []), "unexpected": out.get("unexpected", 0),
         "cancelled": cancelled.is_set(), "errors": errors,
-    }
+    } | ({"paths": paths} if paths is not None else {})
 
 
 def main(argv: list[str] | None = None) -> int:

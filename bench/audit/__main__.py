@@ -13,7 +13,8 @@ link loaded at once and localized); writes the findings as a ``lockstep.verdict/
 the timings and the ground truth to ``--json``; tears everything down.
 
 ``--trials K``: K audits, each with a fresh random set of 0-2 defects from the kinds below (heals
-between trials), scored against the ground truth: precision and recall of the culprits (by kind
+between trials; kinds: a policed, rate-limited or one-way lossy NIC cable, a wrong MTU, a
+GPU defect, a leaf with ECMP off), scored against the ground truth: precision and recall of the culprits (by kind
 and name) and false culprits on the healthy trials.
 """
 
@@ -25,6 +26,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +51,7 @@ def _setup_django(db_path: Path) -> None:
     os.environ.pop("REDIS_URL", None)
     os.environ["SQLITE_PATH"] = str(db_path)
     os.environ["LOCKSTEP_VAR_DIR"] = str(db_path.parent)  # the console's secret key lives there: the same for both
+    os.environ.setdefault("DEBUG", "true")  # a throwaway console: its dev secret key in that var dir, as the demo
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
     from django.core.management import call_command
@@ -126,8 +129,10 @@ def _random_defects(rng: random.Random, fab) -> list[str]:
     for host in hosts[:rng.choice((0, 1, 1, 2))]:
         nic = rng.choice([n for n in fab.nics if n.startswith(host + "/")])
         link = next(lid for lid in fab.links if lid.startswith(nic + "~"))
-        kind = rng.choice(("link-police", "nic-mtu", "node-gpu", "link-rate", "link-loss"))
-        if kind == "link-police":
+        kind = rng.choice(("link-police", "nic-mtu", "node-gpu", "link-rate", "link-loss", "switch-ecmp-off"))
+        if kind == "switch-ecmp-off":  # the leaf this host's NIC is cabled to
+            out.append(f"switch-ecmp-off {link.split('~', 1)[1]}")
+        elif kind == "link-police":
             out.append(f"link-police {link} --mbit 4 --direction 'a>b'")
         elif kind == "link-rate":
             out.append(f"link-rate {link} --mbit 4")
@@ -174,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                  "machine": {"node": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg(),
                              "python": platform.python_version()},
                  "hosts": args.hosts, "rails": args.rails,
-                 # the common start far enough ahead that every agent has its command (0.5 s a host
-                 # here, where 2 cores run every agent, the console and the load)
-                 "options": OPTIONS | {"load_lead_s": max(8.0, 0.5 * args.hosts)}}
+                 # the console plans the load's lead and length from the hosts and the delivery it sees
+                 "options": OPTIONS}
     api = requests.Session()
     api.headers["Authorization"] = f"Bearer {api_token}"
     try:
@@ -195,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                 run, report, wall = _audit(api, stack.url, cluster_id, out["options"], args.timeout)
                 found = report.get("verdict") or {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": []}
                 t, f = {_key(c) for c in truth}, {_key(c) for c in found["culprits"]}
+                load = (report.get("plan") or {}).get("load") or {}
                 trials.append({"injected": injected, "truth": truth, "verdict": found, "status": run["verdict"],
+                               "load": {k: load.get(k) for k in ("lead_s", "duration_s", "late_allowance_s")},
+                               "started_late_s": (report.get("fabric") or {}).get("started_late_s"),
+                               "not_measured": len((report.get("fabric") or {}).get("missing") or []),
                                "wall_s": round(wall, 1), "true_culprits": len(t & f), "false_culprits": sorted(f - t),
                                "missed": sorted(t - f), "not_audited": report.get("not_audited", [])})
                 print(f"audit {run['id']}: {run['verdict']} in {wall:.1f} s; injected {injected}; "
@@ -204,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             fab.stop_agents()
     finally:
         fab.down()
+    shutil.rmtree(work, ignore_errors=True)  # kept when a run fails: its console and agent logs
     tp = sum(t["true_culprits"] for t in trials)
     fp = sum(len(t["false_culprits"]) for t in trials)
     fn = sum(len(t["missed"]) for t in trials)

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--presets", default="gpu1024,gpu9216,gpu9216-2tier")
     s.add_argument("--repeat", type=int, default=5)
     s.add_argument("--faults", default="link_loss:1,switch_loss:1,nic_loss:1")
+    s.add_argument("--previous-faults", default="link_congestion:1,host_loss:1",
+                   help="faults of the previous window a warm model has localized")
     p = sub.add_parser("plan", help="probe plan sizes per NIC on the 1,024- and 9,216-GPU fabrics")
     p.add_argument("--presets", default="gpu1024,gpu9216,gpu9216-2tier")
     p.add_argument("--cross-leaf", type=int, default=8)

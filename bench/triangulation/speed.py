@@ -8,6 +8,12 @@ the best of --repeat runs of each step, CPU time of this process (time.process_t
 counts every thread) and wall time: parsing the window (`parse_observations`), localizing it
 with a warm `FabricModel` (the cache a console worker keeps per topology), and the same with a
 cold model (a fresh FabricModel: BFS of every root and the route-class incidence included).
+
+Warm means what a console worker has when the window arrives: a FabricModel that has
+localized the previous window of the same probe plan, not this one. Each warm run gets a
+fresh model that first localizes (untimed) a window of the same pairs with other faults
+(`--previous-faults`; testbed.simulate keeps the pairs and paths of a seed whatever the
+faults), so nothing computed from this window's numbers is reused.
 """
 
 from __future__ import annotations
@@ -54,11 +60,17 @@ def main(args) -> int:
     for name in args.presets.split(","):
         topo = parse_topology(generate_topology(PRESETS[name][0]))
         sc = simulate(topo, WindowConfig(faults=args.faults, seed=11))
+        previous = simulate(topo, WindowConfig(faults=args.previous_faults, seed=11))
         model = FabricModel(topo)
-        model.warm()
         pc, pw, window = _best(lambda m=model, s=sc: parse_observations(s.observations, m.index), args.repeat)
-        triangulate(model, window)
-        lc, lw, verdict = _best(lambda m=model, w=window: triangulate(m, w), args.repeat)
+        best_cpu, best_wall, verdict = float("inf"), float("inf"), None
+        for _ in range(args.repeat):
+            model = FabricModel(topo)
+            model.warm()
+            triangulate(model, previous.observations)
+            c, w, verdict = _best(lambda m=model, w=window: triangulate(m, w), 1)
+            best_cpu, best_wall = min(best_cpu, c), min(best_wall, w)
+        lc, lw = best_cpu, best_wall
         cc, cw, _ = _best(lambda t=topo, w=window: triangulate(FabricModel(t), w), max(1, args.repeat // 2))
         truth = sorted((c["kind"], c["name"]) for c in sc.truth["culprits"])
         got = sorted((c.kind, c.name) for c in verdict.culprits)

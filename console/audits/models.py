@@ -26,6 +26,7 @@ class RunState(models.TextChoices):
 class Phase(models.TextChoices):
     NODES = "nodes", "Node checks"
     LOAD = "load", "Fabric under load"
+    COLLECTIVE = "collective", "Collective bandwidth"
     DONE = "done", "Done"
 
 

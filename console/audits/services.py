@@ -8,10 +8,18 @@ then advanced by ``advance(run)``, one step per call, from the audits' Celery ta
    deadline fails it, with the reason. Then the fleet agreement of the nodes' host facts
    (``workers.audit.fleet``).
 2. ``load`` (when the run covers every host of the cluster's topology and each answered): the
-   traffic plan (``workers.trafficplan``) as ``audit.load`` commands that start together, every
-   link loaded both ways; the agents' results merged into one observation window and localized
-   by the triangulation (``workers.triangulation``).
-3. the verdict (``workers.audit.verdict.compose``): findings with their elements, culprits,
+   traffic plan (``workers.trafficplan``) as ``audit.load`` commands that start together at one
+   instant of cluster time, planned with a lead for command delivery at this many hosts and a
+   load long enough that a late agent is still measured (``workers.trafficplan.timing``), every
+   link loaded both ways; each pair measured over the windows both its ends were loading in,
+   merged into one observation window and localized by the triangulation (``workers.triangulation``);
+   each flow's uplink traced before the load (TTL 2) shows a leaf that does not spread its flows
+   over its uplinks (``workers.audit.ecmp``).
+3. ``collective`` (``options.collective``, every host answered): the collective bandwidth test
+   (``workers.audit.collective``), ``audit.collective`` on every node: each rail at once, then
+   across the cluster; bus bandwidth as nccl-tests computes it, against the threshold table of
+   the nodes' hardware (NCCL) or ``collective_min_busbw_gbs``.
+4. the verdict (``workers.audit.verdict.compose``): findings with their elements, culprits,
    pass / warn / fail. A run started when a node returns from maintenance puts the node back in
    service only when the node passed.
 
@@ -48,6 +56,7 @@ from console.fleet import services as fleet
 from console.fleet.models import Cluster, Nic, Node, NodeState
 from console.fleet.topology_io import export_topology
 from console.live.publish import publish
+from workers.audit import ecmp
 from workers.audit import fleet as fleet_agreement
 from workers.audit.verdict import Missing, compose, fleet_facts, node_status
 
@@ -64,11 +73,21 @@ OPTIONS = {
     "listen_ms": (int, 1000, 0, 30000, "how long each node listens for GPU Xid events"),
     "node_timeout_s": (int, 120, 5, 600, "how long a node has to answer its checks"),
     "load": (bool, True, None, None, "load every link at once (needs every host of the topology)"),
-    "load_duration_s": (float, 4.0, 1.0, 120.0, "how long the fabric is loaded"),
-    "load_lead_s": (float, 5.0, 1.0, 60.0, "how far ahead the load's common start is set"),
+    "load_duration_s": (float, 4.0, 1.0, 120.0, "how long every pair is measured under load (the load runs "
+                        "longer, so a late agent is still measured this long)"),
+    "load_lead_s": (float, 5.0, 1.0, 60.0, "the least lead of the load's common start (it grows with the "
+                    "hosts and the node phase's command delivery)"),
     "rate_mbit": (float, 2.0, 0.1, 10000.0, "offered rate per flow"),
     "flows_per_nic": (int, 8, 1, 64, "flows each NIC sends (and about as many it receives)"),
     "packet_bytes": (int, 1400, 64, 9000, "UDP payload of the load: at the fabric's MTU it finds MTU mismatches"),
+    "collective": (bool, False, None, None, "run the collective bandwidth test per rail and across the cluster "
+                   "(torch.distributed on every node; needs every host of the topology)"),
+    "collective_backend": (str, "gloo", None, None, "torch.distributed backend of the collective: gloo or nccl"),
+    "collective_size_bytes": (int, 1 << 20, 1024, 1 << 32, "nccl-tests size of the all_reduce"),
+    "collective_iters": (int, 5, 1, 1000, "timed all_reduce iterations (after one warm-up)"),
+    "collective_timeout_s": (int, 120, 10, 3600, "how long each collective may run"),
+    "collective_min_busbw_gbs": (float, None, 0.0, 100000.0, "bus bandwidth floor (default: the hardware table's "
+                                 "per-NIC value with nccl; none with gloo)"),
 }
 
 
@@ -95,6 +114,8 @@ def clean_options(options) -> dict:
             problems[f"options.{key}"] = "a non-empty list of " + ", ".join(SECTIONS)
         elif key == "hardware" and value not in HARDWARE:
             problems[f"options.{key}"] = "one of " + ", ".join(HARDWARE)
+        elif key == "collective_backend" and value not in ("gloo", "nccl"):
+            problems[f"options.{key}"] = "one of gloo, nccl"
         out[key] = value
     if problems:
         raise Invalid("The audit options are not valid: " + "; ".join(f"{k}: {v}" for k, v in problems.items()),
@@ -183,7 +204,7 @@ def cancel(run: AuditRun) -> AuditRun:
 
 def _cancel_open_commands(run: AuditRun) -> None:
     ids = [i for pair in AuditNode.objects.filter(run=run).values_list("check_command_id", "load_command_id")
-           for i in pair if i]
+           for i in pair if i] + list(_collective_commands(run))
     for command in Command.objects.filter(pk__in=ids, state__in=OPEN_STATES):
         with contextlib.suppress(Conflict):  # completed meanwhile
             commands.cancel(command)
@@ -234,7 +255,8 @@ def _start_node_phase(run: AuditRun, nodes: list[Node]) -> None:
     AuditNode.objects.bulk_create(rows)
     run.phase = Phase.NODES
     run.phase_deadline = timezone.now() + timedelta(seconds=options["node_timeout_s"] + GRACE_S)
-    run.plan = {"phases": ["nodes"] + (["load"] if options["load"] else []), "node_args": args,
+    run.plan = {"phases": ["nodes"] + (["load"] if options["load"] else []) + (["collective"] if options["collective"]
+                                                                                else []), "node_args": args,
                 "nodes": [n.name for n in nodes]}
     run.save(update_fields=["phase", "phase_deadline", "plan", "updated"])
 
@@ -293,17 +315,18 @@ def _reports(rows: list[AuditNode]) -> dict:
 
 # --- the load phase -----------------------------------------------------------------------------
 
-def _load_skip_reason(run: AuditRun, rows: list[AuditNode], topology) -> str | None:
-    if not run.options["load"]:
-        return "not asked for (options.load is false)"
+def _skip_reason(run: AuditRun, rows: list[AuditNode], topology, phase: str) -> str | None:
+    """Why the fabric phase (`load` or `collective`) does not run, or None."""
+    if not run.options[phase]:
+        return f"not asked for (options.{phase} is false)"
     if topology is None or not topology.links:
-        return "the cluster has no topology: import one to load its links"
+        return "the cluster has no topology: import one to test its links"
     hosts = {h.name for h in topology.hosts}
     answered = {r.node.name for r in rows if r.report is not None}
     missing = sorted(hosts - answered)
     if missing:
         return (f"{len(missing)} hosts of the topology are not audited or did not answer "
-                f"({', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}): the fabric is loaded only whole")
+                f"({', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}): the fabric is tested only whole")
     return None
 
 
@@ -315,26 +338,45 @@ def _topology(cluster: Cluster):
     return parse_topology(export_topology(cluster))
 
 
+def _nic_addresses(cluster: Cluster) -> dict[str, str]:
+    """The topology NICs' first addresses (no prefix length)."""
+    return {name: addrs[0].split("/", 1)[0] for name, addrs in
+            Nic.objects.filter(cluster=cluster, in_topology=True).values_list("name", "addresses") if addrs}
+
+
+def _worst_delivery_s(rows: list[AuditNode]) -> float | None:
+    """The longest a node-phase command took from issue to its agent's claim."""
+    waits = [(r.check_command.delivered_at - r.check_command.created).total_seconds() for r in rows
+             if r.check_command is not None and r.check_command.delivered_at is not None]
+    return max(waits, default=None)
+
+
 def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
     from workers.trafficplan.assign import agent_args
     from workers.trafficplan.plan import PlanError, plan_traffic
+    from workers.trafficplan.timing import load_timing
 
     options = run.options
-    nics = {n.name: n for n in Nic.objects.filter(cluster=run.cluster, in_topology=True)}
-    addresses = {name: n.addresses[0].split("/", 1)[0] for name, n in nics.items() if n.addresses}
-    devices = {name: n.device for name, n in nics.items() if n.device}
-    start_at = time.time() + options["load_lead_s"]
+    addresses = _nic_addresses(run.cluster)
+    devices = dict(Nic.objects.filter(cluster=run.cluster, in_topology=True).exclude(device="")
+                   .values_list("name", "device"))
+    timing = load_timing(len(topology.hosts), _worst_delivery_s(rows), lead_min_s=options["load_lead_s"],
+                         measure_s=options["load_duration_s"])
+    # The common start, in cluster time: each agent starts by its synchronized clock. The console's
+    # own clock stands in for the cluster's here: NTP keeps it within milliseconds, the lead is seconds.
+    start_at = time.time() + timing.lead_s
     try:
         plan = plan_traffic(topology, flows_per_nic=options["flows_per_nic"], ports_per_pair=2)
         by_host = agent_args(plan, topology, addresses, run=run.pk % 2**32, start_at=start_at,
-                             duration_s=options["load_duration_s"], rate_mbit=options["rate_mbit"],
-                             packet_bytes=options["packet_bytes"], devices=devices)
+                             duration_s=timing.duration_s, rate_mbit=options["rate_mbit"],
+                             packet_bytes=options["packet_bytes"], devices=devices, trace_ttl=ecmp.TRACE_TTL,
+                             trace_extra=ecmp.TRACE_EXTRA)
     except PlanError as exc:
         run.plan = run.plan | {"load": {"skipped": f"no traffic plan: {exc}"}}
         run.save(update_fields=["plan", "updated"])
-        _finish(run, rows)
+        _after_load(run, rows, topology, None)
         return
-    timeout = int(options["load_lead_s"] + options["load_duration_s"]) + 60
+    timeout = int(timing.lead_s + timing.duration_s) + 60
     for row in rows:
         host_args = by_host.get(row.node.name)
         if host_args is None:
@@ -346,34 +388,144 @@ def _start_load_phase(run: AuditRun, rows: list[AuditNode], topology) -> None:
     run.phase_deadline = timezone.now() + timedelta(seconds=timeout + GRACE_S)
     run.plan = run.plan | {"load": {"flows": len(plan.flows), "links": len(plan.link_ids),
                                     "flows_per_nic": plan.flows_per_nic, "rate_mbit": options["rate_mbit"],
-                                    "duration_s": options["load_duration_s"], "start_at": start_at,
-                                    "below_target": len(plan.below_target())}}
+                                    "measure_s": options["load_duration_s"], "start_at": start_at,
+                                    "below_target": len(plan.below_target())} | timing.to_dict()}
     run.save(update_fields=["phase", "phase_deadline", "plan", "updated"])
 
 
 def _fabric_verdict(run: AuditRun, rows: list[AuditNode], topology) -> dict:
-    """The loaded fabric's culprits. Only the windows after the last agent started count (a late
-    start is the console's or the machine's delay, not loss); an agent that started after the
-    load ended, or did not answer, is silent: its pairs are not measured (a warning, not a pass)."""
+    """The loaded fabric's culprits. Each pair counts from the window both its ends had started in
+    (a late start is the console's or the machine's delay, not loss) over at least the measured
+    span; a pair whose agent started later than the plan's allowance, or did not answer, is not
+    measured (a warning, not a pass). Agents that could not start by a synchronized clock are named."""
     from workers.trafficplan.plan import plan_traffic
-    from workers.trafficplan.windows import combine, observations
+    from workers.trafficplan.windows import combine_measured, observations
     from workers.triangulation import triangulate
 
     plan = plan_traffic(topology, flows_per_nic=run.options["flows_per_nic"], ports_per_pair=2)  # deterministic
-    window_s, duration = 1.0, run.options["load_duration_s"]
+    load = run.plan.get("load") or {}
     results = {r.node.name: r.load_command.result for r in rows
                if r.load_command is not None and r.load_command.state == CommandState.SUCCEEDED
-               and isinstance(r.load_command.result, dict)
-               and r.load_command.result.get("started_late_s", 0) < duration - window_s}
+               and isinstance(r.load_command.result, dict)}
     silent = sorted(r.node.name for r in rows if r.load_command is not None and r.node.name not in results)
     merged = observations(plan, results)
-    late = max((r.get("started_late_s", 0) for r in results.values()), default=0)
-    window = combine(merged["windows"][math.ceil(late / window_s):])
-    base = {"pairs": window["probes"] if window else [], "missing": merged["missing"], "silent": silent,
-            "started_late_s": round(late, 3), "windows_used": len(merged["windows"]) - math.ceil(late / window_s)}
-    if window is None or not window["probes"]:
+    window_s = float(next(iter(results.values()))["window_s"]) if results else 1.0
+    late = {host: float(res.get("started_late_s", 0)) for host, res in results.items()}
+    first_window = {n.name: math.ceil(late[n.host] / window_s - 1e-9) for n in topology.nics if n.host in late}
+    min_windows = int(load.get("min_windows") or math.ceil(run.options["load_duration_s"] / window_s))
+    window, unmeasured = combine_measured(merged["windows"], first_window, min_windows)
+    unsynced = sorted(h for h, res in results.items() if (res.get("clock") or {}).get("basis") != "lockstep")
+    traces = [t for res in results.values() for t in res.get("paths") or []]
+    spread = ecmp.check(topology, [{"id": f.id, "src": f.src, "dst": f.dst} for f in plan.flows], traces,
+                        _nic_addresses(run.cluster))
+    base = {"pairs": window["probes"] if window else [], "missing": merged["missing"] + unmeasured, "silent": silent,
+            "started_late_s": {h: round(v, 3) for h, v in sorted(late.items()) if v >= window_s},
+            "late_allowance_s": load.get("late_allowance_s"), "unsynced": unsynced, "ecmp": spread}
+    if window is None:
         return base | {"culprits": []}
     return triangulate(topology, window).to_document() | base
+
+
+# --- the collective phase ------------------------------------------------------------------------
+
+def _hardware_of(rows: list[AuditNode]) -> str | None:
+    """The threshold profile most of the nodes' checks used."""
+    counts = Counter((r.report or {}).get("hardware") for r in rows if r.report)
+    counts.pop(None, None)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _collective_args(run: AuditRun, rows: list[AuditNode], group: dict, member: dict) -> dict:
+    options = run.options
+    args = {"init": group["init"], "world_size": len(group["members"]), "rank_offset": member["rank"],
+            "local_ranks": 1, "backend": options["collective_backend"], "op": "all_reduce",
+            "sizes": [options["collective_size_bytes"]], "iters": options["collective_iters"], "warmup": 1,
+            "timeout_s": float(options["collective_timeout_s"])}
+    if len(member["ifnames"]) == 1:
+        args["ifname"] = member["ifnames"][0]
+    else:  # gloo spreads a group over the listed interfaces
+        args["env"] = {"GLOO_SOCKET_IFNAME": ",".join(member["ifnames"]),
+                       "NCCL_SOCKET_IFNAME": ",".join(member["ifnames"])}
+    if options.get("collective_min_busbw_gbs") is not None:
+        args["min_busbw_gbs"] = options["collective_min_busbw_gbs"]
+    elif options["collective_backend"] == "nccl":
+        hardware = options.get("hardware") or _hardware_of(rows)
+        if hardware in HARDWARE:
+            args |= {"hardware": hardware, "threshold": "per_nic_busbw_gbs"}
+    return args
+
+
+def _start_collective_step(run: AuditRun, rows: list[AuditNode], step: str) -> bool:
+    """Issue the commands of the groups of `step`; False when it has none."""
+    plan = run.plan["collective"]
+    by_name = {r.node.name: r for r in rows}
+    timeout = run.options["collective_timeout_s"] + 30
+    started = False
+    for i, group in enumerate(plan["groups"]):
+        if group["step"] != step:
+            continue
+        group["commands"] = {}
+        for member in group["members"]:
+            row = by_name[member["host"]]
+            command, _ = commands.issue_command(row.node, "audit.collective",
+                                                _collective_args(run, rows, group, member),
+                                                idempotency_key=f"audit-{run.pk}-collective-{i}", timeout_s=timeout)
+            group["commands"][member["host"]] = str(command.pk)
+        started = True
+    if started:
+        plan["step"] = step
+        run.phase = Phase.COLLECTIVE
+        run.phase_deadline = timezone.now() + timedelta(seconds=timeout + GRACE_S)
+        run.save(update_fields=["plan", "phase", "phase_deadline", "updated"])
+    return started
+
+
+def _collective_commands(run: AuditRun, step: str | None = None) -> dict[int, Command]:
+    ids = [cid for g in (run.plan.get("collective") or {}).get("groups", []) if step is None or g["step"] == step
+           for cid in (g.get("commands") or {}).values()]
+    return {str(c.pk): c for c in Command.objects.filter(pk__in=ids)}
+
+
+def _collective_findings(run: AuditRun) -> list[dict]:
+    from workers.audit.collective import findings
+
+    issued = _collective_commands(run)
+    results = []
+    for group in run.plan["collective"]["groups"]:
+        if "commands" not in group:
+            continue
+        answers = {}
+        for host, cid in group["commands"].items():
+            c = issued.get(cid)
+            answers[host] = c.result if c is not None and c.state == CommandState.SUCCEEDED and isinstance(
+                c.result, dict) else None
+        results.append({"name": group["name"], "world_size": len(group["members"]), "answers": answers})
+    return findings(results)
+
+
+def _after_load(run: AuditRun, rows: list[AuditNode], topology, fabric: dict | None) -> None:
+    """Start the collective phase when asked for (and every host answered), else finish."""
+    from workers.audit.collective import groups
+
+    skip = _skip_reason(run, rows, topology, "collective")
+    if skip is None:
+        devices = dict(Nic.objects.filter(cluster=run.cluster, in_topology=True).exclude(device="")
+                       .values_list("name", "device"))
+        planned = groups(topology, [h.name for h in topology.hosts], _nic_addresses(run.cluster), devices,
+                         run=run.pk)
+        if not planned:
+            skip = "no rail has an addressed NIC on every host"
+        else:
+            run.plan = run.plan | {"collective": {"groups": planned}}
+            run.report = (run.report or {}) | {"fabric": fabric}
+            run.save(update_fields=["plan", "report", "updated"])
+            first = "rails" if any(g["step"] == "rails" for g in planned) else "cluster"
+            _start_collective_step(run, rows, first)
+            return
+    if run.options["collective"]:
+        run.plan = run.plan | {"collective": {"skipped": skip}}
+        run.save(update_fields=["plan", "updated"])
+    _finish(run, rows, fabric=fabric)
 
 
 # --- advancing ----------------------------------------------------------------------------------
@@ -398,11 +550,11 @@ def advance(run: AuditRun) -> AuditRun:
             run.report = {"fleet": agreement}
             run.save(update_fields=["report", "updated"])
             topology = _topology(run.cluster)
-            skip = _load_skip_reason(run, rows, topology)
+            skip = _skip_reason(run, rows, topology, "load")
             if skip:
                 run.plan = run.plan | {"load": {"skipped": skip}}
                 run.save(update_fields=["plan", "updated"])
-                _finish(run, rows)
+                _after_load(run, rows, topology, None)
             else:
                 _start_load_phase(run, rows, topology)
             _publish(run)
@@ -411,7 +563,19 @@ def advance(run: AuditRun) -> AuditRun:
                 return run
             if passed:
                 _cancel_open_commands(run)
-            _finish(run, rows, fabric=_fabric_verdict(run, rows, _topology(run.cluster)))
+            topology = _topology(run.cluster)
+            _after_load(run, rows, topology, _fabric_verdict(run, rows, topology))
+            _publish(run)
+        elif run.phase == Phase.COLLECTIVE:
+            step = run.plan["collective"]["step"]
+            if not passed and any(c.state in OPEN_STATES for c in _collective_commands(run, step).values()):
+                return run
+            if passed:
+                _cancel_open_commands(run)
+            if step == "rails" and _start_collective_step(run, rows, "cluster"):
+                _publish(run)
+                return run
+            _finish(run, rows, fabric=(run.report or {}).get("fabric"))
             _publish(run)
     return run
 
@@ -419,7 +583,8 @@ def advance(run: AuditRun) -> AuditRun:
 def _finish(run: AuditRun, rows: list[AuditNode], fabric: dict | None = None) -> None:
     reports = _reports(rows)
     fleet_doc = (run.report or {}).get("fleet")
-    doc = compose(reports, fleet=fleet_doc, fabric=fabric)
+    collective = _collective_findings(run) if "groups" in (run.plan.get("collective") or {}) else None
+    doc = compose(reports, fleet=fleet_doc, fabric=fabric, collective=collective)
     AuditFinding.objects.bulk_create([
         AuditFinding(organization_id=run.organization_id, cluster_id=run.cluster_id, run=run, phase=f["phase"],
                      element_kind=f["element"]["kind"], element=str(f["element"]["name"])[:255],
@@ -436,7 +601,7 @@ def _finish(run: AuditRun, rows: list[AuditNode], fabric: dict | None = None) ->
             row.reason = next(f["message"] for f in doc["findings"] if f["culprit"] and
                               str(f["element"]["name"]).split("/", 1)[0] == row.node.name)[:500]
             row.save(update_fields=["outcome", "reason", "updated"])
-    run.report = {"fleet": fleet_doc, "fabric": fabric, **doc}
+    run.report = {"fleet": fleet_doc, "fabric": fabric, "collective": collective, **doc}
     run.verdict = {"pass": Verdict.PASS, "warn": Verdict.WARN}.get(doc["status"], Verdict.FAIL)
     run.state, run.phase, run.phase_deadline, run.finished_at = RunState.FINISHED, Phase.DONE, None, timezone.now()
     run.save(update_fields=["report", "verdict", "state", "phase", "phase_deadline", "finished_at", "updated"])

@@ -132,6 +132,8 @@ class LoadArgs(Strict):
     grace_s = serializers.FloatField(min_value=0, max_value=30, required=False)
     packet_bytes = serializers.IntegerField(min_value=24, max_value=65000, required=False)
     protocol = serializers.ChoiceField(("udp", "tcp"), required=False)
+    trace_ttl = serializers.IntegerField(min_value=0, max_value=64, required=False)
+    trace_extra = serializers.IntegerField(min_value=0, max_value=16, required=False)
     flows = serializers.ListField(child=LoadFlow(), max_length=4096, required=False)
     listen = serializers.ListField(child=Listener(), max_length=256, required=False)
 

@@ -291,3 +291,78 @@ def test_a_failed_node_check_fails_the_node_with_the_agents_error(world, site):
     row = AuditNode.objects.get(run_id=run_id, node=site.nodes["gpu-a"])
     assert row.outcome == "failed" and row.reason == "the node checks failed: nvml: driver not loaded"
     assert AuditFinding.objects.get(run_id=run_id).code == "LOCKSTEP_FR_NO_ANSWER"
+
+
+def _collective_result(world_size: int, time_s: float, minimum: float) -> dict:
+    """What an agent's audit.collective returns (the agent's own evaluation)."""
+    from agent.audit.collective import FORMAT, evaluate
+
+    rows, check = evaluate("all_reduce", world_size, [{"size": 1 << 20, "time_s": time_s, "time_s_max": time_s}],
+                           min_busbw_gbs=minimum, source="argument min_busbw_gbs")
+    return {"format": FORMAT, "op": "all_reduce", "backend": "gloo", "world_size": world_size, "sizes": rows,
+            "check": check, "status": check["status"], "errors": []}
+
+
+@pytest.mark.django_db
+def test_the_collective_phase_runs_each_rail_then_the_cluster_and_a_slow_group_fails_the_audit(world, site):
+    response = start(world, site, options={"load": False, "collective": True, "collective_min_busbw_gbs": 1.0,
+                                           "collective_size_bytes": 1 << 20})
+    run_id = response.json()["id"]
+    for host in HOSTS:
+        site.answer(run_id, host, healthy(host))
+    advance_audits()
+    run = AuditRun.objects.get(pk=run_id)
+    assert run.phase == "collective" and [g["name"] for g in run.plan["collective"]["groups"]] == ["rail 0", "cluster"]
+    rail = Command.objects.filter(cluster=site.cluster, type="audit.collective").order_by("args__rank_offset")
+    assert [(c.node.name, c.args["rank_offset"], c.args["world_size"], c.args["ifname"]) for c in rail] == [
+        ("gpu-a", 0, 3, "nic0"), ("gpu-b", 1, 3, "nic0"), ("gpu-c", 2, 3, "nic0")]
+    assert {c.args["init"] for c in rail} == {run.plan["collective"]["groups"][0]["init"]}
+    assert all(c.args["min_busbw_gbs"] == 1.0 and c.args["sizes"] == [1 << 20] for c in rail)
+
+    def answer_all(time_s):
+        for command in Command.objects.filter(cluster=site.cluster, type="audit.collective",
+                                              state=CommandState.PENDING):
+            host = command.node.name
+            site.agent(host).get("/api/v1/agent/commands?wait=0")
+            response = site.agent(host).post(f"/api/v1/agent/commands/{command.pk}/result",
+                                             {"status": "succeeded", "result": _collective_result(3, time_s, 1.0)},
+                                             content_type="application/json")
+            assert response.json() == {"accepted": True}
+
+    answer_all(1e-5)  # the rail: ~140 GB/s
+    advance_audits()
+    run.refresh_from_db()
+    assert run.state == "running" and run.plan["collective"]["step"] == "cluster"  # the rails first, then the cluster
+    assert Command.objects.filter(cluster=site.cluster, type="audit.collective").count() == 6
+    answer_all(0.01)  # across the cluster: ~0.14 GB/s, under the 1 GB/s floor
+    advance_audits()
+    detail = world.client("bob").get(f"/api/v1/audits/{run_id}/").json()
+    assert detail["state"] == "finished" and detail["verdict"] == "fail" and detail["culprits"] == []
+    [slow] = [f for f in detail["findings"] if f["phase"] == "collective"]
+    assert slow["element"] == "collective cluster" and slow["code"] == "DCGM_FR_LOW_BANDWIDTH"
+    assert slow["evidence"]["busbw_gbs"] < 1.0 and slow["threshold"]["min_busbw_gbs"] == 1.0
+    doc = world.client("bob").get(f"/api/v1/audits/{run_id}/report/").json()
+    assert [(g["element"]["name"], g["status"]) for g in doc["collective"]] == [("collective rail 0", "pass"),
+                                                                               ("collective cluster", "fail")]
+
+
+@pytest.mark.django_db
+def test_a_collective_with_a_silent_node_fails_with_the_reason_and_bad_backend_is_named(world, site):
+    bad = start(world, site, options={"collective": True, "collective_backend": "mpi"})
+    assert bad.status_code == 400 and "collective_backend" in bad.content.decode()
+    run_id = start(world, site, options={"load": False, "collective": True,
+                                         "collective_timeout_s": 10}).json()["id"]
+    for host in HOSTS:
+        site.answer(run_id, host, healthy(host))
+    advance_audits()
+    AuditRun.objects.filter(pk=run_id).update(phase_deadline=timezone.now() - timedelta(seconds=1))
+    advance_audits()  # the rails' deadline passed with no answer: then the cluster's
+    AuditRun.objects.filter(pk=run_id).update(phase_deadline=timezone.now() - timedelta(seconds=1))
+    advance_audits()
+    detail = world.client("bob").get(f"/api/v1/audits/{run_id}/").json()
+    assert detail["state"] == "finished" and detail["verdict"] == "fail"
+    not_run = [f for f in detail["findings"] if f["phase"] == "collective"]
+    assert {f["code"] for f in not_run} == {"LOCKSTEP_FR_COLLECTIVE_NOT_RUN"} and len(not_run) == 2
+    assert "3 nodes did not answer" in not_run[0]["message"]
+    assert not Command.objects.filter(cluster=site.cluster, type="audit.collective",
+                                      state__in=["pending", "delivered"]).exists()  # cancelled

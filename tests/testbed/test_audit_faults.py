@@ -201,6 +201,29 @@ def test_a_switch_with_ecmp_off_sends_every_flow_up_one_uplink(fab):
     assert any("nexthops" in r for r in fab.routes("leaf-su00-r0"))
 
 
+def test_the_loads_path_trace_sees_a_leaf_with_ecmp_off_put_every_flow_on_one_uplink(fab, tmp_path):
+    from workers.audit.ecmp import TRACE_EXTRA, TRACE_TTL, check
+
+    plan = plan_traffic(fab.topology, flows_per_nic=8, ports_per_pair=2)
+    addresses = {n: fab.nic_address(n) for n in fab.nics}
+    flows = [{"id": f.id, "src": f.src, "dst": f.dst} for f in plan.flows]
+
+    def traced() -> dict[str, dict]:
+        specs = agent_args(plan, fab.topology, addresses, run=next_run(), start_at=time.time() + 2.5, duration_s=1.0,
+                           rate_mbit=0.5, packet_bytes=500, trace_ttl=TRACE_TTL, trace_extra=TRACE_EXTRA)
+        results = load(fab, tmp_path, specs)
+        assert all("paths" in r for r in results.values()), [r["errors"] for r in results.values()]
+        return {e["switch"]: e for e in check(fab.topology, flows, [t for r in results.values() for t in r["paths"]],
+                                                addresses)}
+
+    healthy = traced()
+    assert healthy and {e["status"] for e in healthy.values()} == {"pass"}, healthy  # real Linux hashing spreads
+    fab.fault_switch_ecmp_off("leaf-su00-r0")
+    off = traced()
+    assert off["leaf-su00-r0"]["status"] == "fail" and len(off["leaf-su00-r0"]["hops"]) == 1, off
+    assert {e["status"] for s, e in off.items() if s != "leaf-su00-r0"} == {"pass"}, off
+
+
 # -- a GPU defect through the NVML fake ---------------------------------------------------------------
 
 

@@ -195,20 +195,45 @@ def test_results_merge_into_observation_windows_per_directed_pair():
                for p in merged["total"]["probes"])
 
 
-def test_combined_windows_add_counts_and_keep_the_pairs_every_window_measured():
-    from workers.trafficplan.windows import combine
+def _window(*probes):
+    return {"format": "lockstep.observations/v1", "topology": "t", "window_s": 1.0, "probes": list(probes)}
 
-    def probe(src, dst, sent, lost, p50, p99):
-        return {"src": src, "dst": dst, "sent": sent, "lost": lost, "owd_us": {"p50": p50, "p99": p99},
-                "bytes": (sent - lost) * 1000, "throughput_mbit": 0.0, "offered_mbit": 8.0, "flows": 2}
 
-    one = {"format": "lockstep.observations/v1", "topology": "t", "window_s": 1.0,
-           "probes": [probe("a/n0", "b/n0", 1000, 0, 50, 90), probe("b/n0", "a/n0", 1000, 10, 60, 80)]}
-    two = {"format": "lockstep.observations/v1", "topology": "t", "window_s": 1.0,
-           "probes": [probe("a/n0", "b/n0", 1000, 20, 70, 300)]}
-    doc = combine([one, two])
-    assert doc["window_s"] == 2.0 and [(p["src"], p["dst"]) for p in doc["probes"]] == [("a/n0", "b/n0")]
-    [p] = doc["probes"]
+def _probe(src, dst, sent, lost, p50=50, p99=90):
+    return {"src": src, "dst": dst, "sent": sent, "lost": lost, "owd_us": {"p50": p50, "p99": p99},
+            "bytes": (sent - lost) * 1000, "throughput_mbit": 0.0, "offered_mbit": 8.0, "flows": 2}
+
+
+def test_measured_windows_add_counts_over_the_windows_both_ends_loaded():
+    from workers.trafficplan.windows import combine_measured
+
+    one = _window(_probe("a/n0", "b/n0", 1000, 0, 50, 90), _probe("b/n0", "a/n0", 1000, 10, 60, 80))
+    two = _window(_probe("a/n0", "b/n0", 1000, 20, 70, 300), _probe("b/n0", "a/n0", 1000, 0, 60, 80))
+    doc, unmeasured = combine_measured([one, two], {}, min_windows=2)
+    assert unmeasured == [] and doc["window_s"] == 2.0
+    p = next(p for p in doc["probes"] if p["src"] == "a/n0")
     assert (p["sent"], p["lost"], p["owd_us"]) == (2000, 20, {"p50": 60.0, "p99": 300})
     assert p["throughput_mbit"] == round(1980 * 1000 * 8 / 2 / 1e6, 3)
-    assert combine([]) is None
+    assert combine_measured([], {}, min_windows=1) == (None, [])
+
+
+def test_a_late_agent_costs_only_its_own_pairs_windows_and_too_late_is_not_measured():
+    from workers.trafficplan.windows import combine_measured
+
+    # c/n0's agent started in window 2: its pairs lost everything before (nobody listening, nothing sent)
+    windows = [_window(_probe("a/n0", "b/n0", 100, 0), _probe("a/n0", "c/n0", 100, 100), _probe("c/n0", "a/n0", 0, 0))
+               for _ in range(2)]
+    windows += [_window(_probe("a/n0", "b/n0", 100, 0), _probe("a/n0", "c/n0", 100, 0), _probe("c/n0", "a/n0", 100, 1))
+                for _ in range(3)]
+    doc, unmeasured = combine_measured(windows, {"c/n0": 2}, min_windows=3)
+    by_pair = {(p["src"], p["dst"]): p for p in doc["probes"]}
+    assert unmeasured == [] and doc["window_s"] == 5.0
+    assert by_pair[("a/n0", "b/n0")]["sent"] == 500  # every window: its ends were on time
+    assert (by_pair[("a/n0", "c/n0")]["sent"], by_pair[("a/n0", "c/n0")]["lost"]) == (300, 0)  # not lost: late
+    assert by_pair[("c/n0", "a/n0")]["lost"] == 3
+    # later than the measured span allows: its pairs are not measured, never passed
+    doc, unmeasured = combine_measured(windows, {"c/n0": 3}, min_windows=3)
+    assert {(p["src"], p["dst"]) for p in doc["probes"]} == {("a/n0", "b/n0")}
+    assert unmeasured == [{"src": "a/n0", "dst": "c/n0", "missing": "late", "windows": 2},
+                          {"src": "c/n0", "dst": "a/n0", "missing": "late", "windows": 2}]
+    assert combine_measured(windows, {"a/n0": 9}, min_windows=1)[0] is None

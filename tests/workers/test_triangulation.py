@@ -272,6 +272,22 @@ def test_the_model_caches_per_topology_and_gives_the_same_verdict(example):
     assert len(model._classes) == 1  # the route-class incidence was reused
 
 
+def test_a_model_warm_from_other_windows_of_the_plan_gives_a_fresh_models_verdict(three_tier):
+    # same seed, other faults: the same pairs and paths (one plan), other numbers; the route-class
+    # set and the element columns it keeps are reused, and the verdict is the one a fresh model gives
+    topo, _ = three_tier
+    model = FabricModel(topo)
+    windows = [simulate(topo, WindowConfig(faults=f, seed=5)) for f in
+               ("link_congestion:1,host_loss:1", "link_loss:1,switch_loss:1", "nic_loss:1,host_delay:1")]
+    for sc in windows:
+        warm = triangulate(model, sc.observations)
+        fresh = triangulate(FabricModel(topo), sc.observations)
+        assert warm.to_document(evidence=True) == fresh.to_document(evidence=True)
+        assert [c.confidence for c in warm.culprits] == [c.confidence for c in fresh.culprits]
+    assert len(model._classes) == 1
+    assert len(next(iter(model._classes.values()))._columns) > 0  # columns were kept and reused
+
+
 def test_an_empty_window_clears_the_network(example):
     topo, model = example
     v = triangulate(model, {"format": "lockstep.observations/v1", "probes": []})

@@ -7,7 +7,9 @@ why there is none (``not_audited``: the node was unreachable when the audit star
 pass; ``no_answer``: it did not answer in time, which fails the node with the reason).
 ``fleet``: ``workers.audit.fleet.agreement`` over the reports' host facts. ``fabric``: the
 triangulation's ``lockstep.verdict/v1`` of the loaded windows (culprits among links, switches,
-NICs and hosts), with ``pairs`` (the loaded per-pair totals, evidence) and ``missing`` pairs.
+NICs and hosts), with ``pairs`` (the loaded per-pair totals, evidence), ``missing`` pairs and
+``ecmp`` (``workers.audit.ecmp.check``: a leaf whose traced flows all left by one uplink is a
+switch culprit).
 
 Out: ``lockstep.audit.verdict/v1``: the status (``pass`` / ``warn`` / ``fail``; an audit with a node
 not audited is never ``pass``), every finding with the element it names and why (code, message,
@@ -20,12 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workers.audit.ecmp import ALPHA as ECMP_ALPHA
+
 FORMAT = "lockstep.audit.verdict/v1"
 VERDICT_FORMAT = "lockstep.verdict/v1"
 CODE_NO_ANSWER = "LOCKSTEP_FR_NO_ANSWER"
 CODE_NOT_AUDITED = "LOCKSTEP_FR_NOT_AUDITED"
 CODE_FABRIC = "LOCKSTEP_FR_FABRIC_UNDER_LOAD"
 CODE_LOAD_MISSING = "LOCKSTEP_FR_LOAD_NOT_MEASURED"
+CODE_ECMP = "LOCKSTEP_FR_ECMP_ONE_UPLINK"
+CODE_ECMP_UNDECIDED = "LOCKSTEP_FR_ECMP_UNDECIDED"
 _RANK = {"fail": 0, "error": 0, "warn": 1, "pass": 2}
 # A loaded audit sends thousands of packets per pair: a real fault is localized with a confidence
 # near 1. Below this, the element is reported as a warning to look at, not as a culprit (a host
@@ -104,11 +110,27 @@ def _fabric_findings(fabric: dict | None) -> list[dict]:
                     "message": f"{c['kind']} {name} {'loses or delays' if sure else 'may lose or delay'} traffic under "
                                f"load (localized from every loaded pair, confidence {c.get('confidence', 0):.2f}){why}",
                     "evidence": evidence, "threshold": {"confidence": FABRIC_CULPRIT_CONFIDENCE}, "culprit": sure})
+    for e in fabric.get("ecmp") or []:
+        if e["status"] == "pass":
+            continue
+        [hop] = e["hops"]
+        fail = e["status"] == "fail"
+        out.append({"phase": "load", "element": {"kind": "switch", "name": e["switch"]}, "check": "fabric.ecmp",
+                    "status": "fail" if fail else "warn", "code": CODE_ECMP if fail else CODE_ECMP_UNDECIDED,
+                    "severity": "isolate" if fail else "triage",
+                    "message": (f"switch {e['switch']} sent all {e['flows']} traced flows to other leaves by one of its "
+                                f"{e['uplinks']} uplinks (the next hop answered from {hop} for every one): ECMP hashing "
+                                "is off or its other uplinks are out of its routes"
+                                + ("" if fail else f"; too few flows to tell (chance {e['p_one_uplink']:.2g})")),
+                    "action": "Check the switch's ECMP/hash configuration and the routes to its uplinks.",
+                    "evidence": {k: e[k] for k in ("flows", "uplinks", "hops", "p_one_uplink")},
+                    "threshold": {"p_one_uplink_max": ECMP_ALPHA}, "culprit": fail})
     missing = fabric.get("missing") or []
     if missing:
         out.append({"phase": "load", "element": {"kind": "fleet", "name": "fabric"}, "check": "fabric.coverage",
                     "status": "warn", "code": CODE_LOAD_MISSING, "severity": "triage",
-                    "message": f"{len(missing)} loaded pairs were not measured (a sender or receiver did not report)",
+                    "message": f"{len(missing)} loaded pairs were not measured (a sender or receiver did not report, "
+                               "or started too late to be measured)",
                     "evidence": {"missing": missing[:20]}, "threshold": {}, "culprit": False})
     return out
 
@@ -124,13 +146,16 @@ def _touches(pair: dict, kind: str, name: str) -> bool:
 
 
 def compose(node_reports: dict[str, dict | Missing], *, fleet: dict | None = None,
-            fabric: dict | None = None) -> dict:
-    """The audit's verdict document (see the module docstring)."""
+            fabric: dict | None = None, collective: list[dict] | None = None) -> dict:
+    """The audit's verdict document (see the module docstring). `collective`: the collective
+    phase's per-group findings (``workers.audit.collective.findings``); the passing ones are
+    the report's, not findings."""
     findings = []
     for node in sorted(node_reports):
         findings += _node_findings(node, node_reports[node])
     findings += _fleet_findings(fleet)
     findings += _fabric_findings(fabric)
+    findings += [f for f in collective or [] if f["status"] != "pass"]
     culprits: dict[tuple[str, str], dict] = {}
     for f in findings:
         if not f["culprit"]:

@@ -217,7 +217,10 @@ class PathIndex:
             lay = dt[edges]
             order = np.argsort(lay, kind="stable")
             bounds = np.searchsorted(lay[order], np.arange(int(lay.max()) + 2 if lay.size else 1))
-            layers = [edges[order][bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+            # the layers index arrays in every dynamic programme: native-width indices (numpy
+            # gathers with int32 ones many times slower), views of one array
+            by_layer = edges[order].astype(np.intp)
+            layers = [by_layer[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
             hit = self._dag_cache[b] = (edges, layers)
         return hit[0]
 
@@ -501,6 +504,8 @@ class Incidence:
         sw_n = np.bincount(self.leg_pair[~self.leg_direct], weights=self.leg_n[~self.leg_direct], minlength=n)
         self.npaths[~known] = (sw_n + direct_count)[~known]
         self.reachable = self.hops >= 0
+        self._dag_list: list | None = None
+        self._flow: list | None = None
 
     def _walk_known(self, rows: np.ndarray, paths: Sequence[Sequence[str] | None]):
         """Validate and expand known paths: (pair, link, forward, switch_pair, switch) arrays."""
@@ -680,12 +685,8 @@ class Incidence:
         base = self.leg_w[sw] / self.leg_n[sw]
         lp = self.leg_pair[sw]
 
-        def emit(on: np.ndarray, frac: np.ndarray, col0: int) -> None:
-            r, c = np.nonzero(on)
-            rows.append(lp[r])
-            cols.append(c + col0)
-            vals.append(frac[r, c])
-
+        # [legs x chunk] distances gathered row by row from the few root rows (far faster than
+        # one two-dimensional gather); path counts only where the element is on a path
         kind = idx.link_kind[links] if links.size else np.zeros(0, dtype=np.int8)
         inner = np.flatnonzero(kind == 0)
         for start in range(0, len(inner), chunk):
@@ -693,14 +694,12 @@ class Incidence:
             k = links[j]
             x = np.where(forward[j], idx.link_switch_a[k], idx.link_switch_b[k])
             y = np.where(forward[j], idx.link_switch_b[k], idx.link_switch_a[k])
-            dx, dy = self._dist[ra[:, None], x[None, :]], self._dist[rb[:, None], y[None, :]]
+            dx, dy = self._dist[:, x][ra], self._dist[:, y][rb]
             on = (dx >= 0) & (dy >= 0) & (dx + 1 + dy == d[:, None])
-            frac = np.where(on, self._cnt[ra[:, None], x[None, :]] * self._cnt[rb[:, None], y[None, :]]
-                            * base[:, None], 0.0)
             r, c = np.nonzero(on)
             rows.append(lp[r])
             cols.append(j[c])
-            vals.append(frac[r, c])
+            vals.append(self._cnt[ra[r], x[c]] * self._cnt[rb[r], y[c]] * base[r])
         for j in np.flatnonzero(kind != 0):
             k = int(links[j])
             on_src = self.leg_la == k
@@ -719,11 +718,12 @@ class Incidence:
             vals.append(self.leg_w[r])
         for start in range(0, len(switches), chunk):
             s = switches[start:start + chunk]
-            da, db = self._dist[ra[:, None], s[None, :]], self._dist[rb[:, None], s[None, :]]
+            da, db = self._dist[:, s][ra], self._dist[:, s][rb]
             on = (da >= 0) & (db >= 0) & (da + db == d[:, None])
-            frac = np.where(on, self._cnt[ra[:, None], s[None, :]] * self._cnt[rb[:, None], s[None, :]]
-                            * base[:, None], 0.0)
-            emit(on, frac, len(links) + start)
+            r, c = np.nonzero(on)
+            rows.append(lp[r])
+            cols.append(c + len(links) + start)
+            vals.append(self._cnt[ra[r], s[c]] * self._cnt[rb[r], s[c]] * base[r])
         kn = self._known
         if kn.pair.size:
             if links.size:
@@ -771,21 +771,49 @@ class Incidence:
 
     # ---- loads and products over all elements (per-destination dynamic programmes) -------
 
-    def _dags(self):
-        """Yield (root b, cnt_b, layers, legs) for each destination root of switched legs.
+    def _dags(self) -> list[tuple[int, np.ndarray, list[np.ndarray], np.ndarray]]:
+        """(root b, cnt_b, layers, legs) for each destination root of switched legs, computed
+        once per Incidence.
 
         layers[k] = indices of directed edges u->v with dist_b(u) = k, dist_b(v) = k - 1;
         legs = the switched legs ending at b.
         """
-        idx = self.index
-        sw = np.flatnonzero(~self.leg_direct)
-        order = sw[np.argsort(self.leg_b[sw], kind="stable")]
-        bs = self.leg_b[order]
-        cuts = np.flatnonzero(np.diff(bs)) + 1
-        for legs in np.split(order, cuts) if order.size else []:
-            b = int(self.leg_b[legs[0]])
-            _, cnt_b = idx._root(b)
-            yield b, cnt_b, idx._dag_layers(b), legs
+        if self._dag_list is None:
+            idx = self.index
+            sw = np.flatnonzero(~self.leg_direct)
+            order = sw[np.argsort(self.leg_b[sw], kind="stable")]
+            bs = self.leg_b[order]
+            cuts = np.flatnonzero(np.diff(bs)) + 1
+            out = []
+            for legs in np.split(order, cuts) if order.size else []:
+                b = int(self.leg_b[legs[0]])
+                out.append((b, idx._root(b)[1], idx._dag_layers(b), legs))
+            self._dag_list = out
+        return self._dag_list
+
+    def _flow_steps(self) -> list[tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]]:
+        """Per destination root of switched legs: (cnt_b, legs, steps), steps the layers of its
+        DAG from the farthest in, each as (edges, tails, heads) restricted to the edges whose
+        tail a leg of this Incidence can reach (the others never carry flow: on a three-tier
+        fabric about half of them). Computed once per Incidence."""
+        if self._flow is None:
+            idx = self.index
+            out = []
+            for _b, cnt_b, layers, legs in self._dags():
+                reach = np.zeros(idx._n_sw, dtype=bool)
+                reach[self.leg_a[legs]] = True
+                steps = []
+                for k in range(len(layers) - 1, 0, -1):
+                    e = layers[k]
+                    e = e[reach[idx._e_tail[e]]]
+                    if e.size == 0:
+                        continue
+                    h = idx._e_head[e]
+                    reach[h] = True
+                    steps.append((e, idx._e_tail[e], h))
+                out.append((cnt_b, legs, steps))
+            self._flow = out
+        return self._flow
 
     def loads(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(link a->b, link b->a, switch) loads: per element, sum over pairs of weight x fraction.
@@ -820,29 +848,28 @@ class Incidence:
                 lw = (self.leg_w * w2[self.leg_pair, c])[m]
                 fwd[:, c] += np.bincount(lk[is_fwd], weights=lw[is_fwd], minlength=n_links)
                 rev[:, c] += np.bincount(lk[~is_fwd], weights=lw[~is_fwd], minlength=n_links)
-        # switch-switch links and switches: flow DP per destination root
-        edge_load = np.zeros((len(idx._e_link), m_cols))
-        cols = np.arange(m_cols)
-        for _b, cnt_b, layers, legs in self._dags():
-            # all weight columns at once: flow is [switches x m], scattered with one bincount
-            lw = (self.leg_w[legs] / self.leg_n[legs])[:, None] * w2[self.leg_pair[legs]]
-            flow = np.bincount((self.leg_a[legs][:, None] * m_cols + cols).ravel(), weights=lw.ravel(),
-                               minlength=n_sw * m_cols).reshape(n_sw, m_cols)
-            for k in range(len(layers) - 1, 0, -1):
-                e = layers[k]
-                if e.size == 0:
+        # switch-switch links and switches: flow DP per destination root, one weight column at a
+        # time (one-dimensional gathers and bincounts are the fastest numpy has here)
+        edge_load = np.zeros((m_cols, len(idx._e_link)))
+        for cnt_b, legs, steps in self._flow_steps():
+            base = self.leg_w[legs] / self.leg_n[legs]
+            leg_a = self.leg_a[legs]
+            for c in range(m_cols):
+                lw = base * w2[self.leg_pair[legs], c]
+                if not lw.any():  # nothing flows to this root: it adds only zeros
                     continue
-                t, h = idx._e_tail[e], idx._e_head[e]
-                ft = flow[t]
-                edge_load[e] += ft * cnt_b[h][:, None]
-                flow += np.bincount((h[:, None] * m_cols + cols).ravel(), weights=ft.ravel(),
-                                    minlength=n_sw * m_cols).reshape(n_sw, m_cols)
-            sw_load += flow * cnt_b[:, None]
+                flow = np.bincount(leg_a, weights=lw, minlength=n_sw)
+                load = edge_load[c]
+                for e, t, h in steps:
+                    ft = flow[t]
+                    load[e] += ft * cnt_b[h]
+                    flow += np.bincount(h, weights=ft, minlength=n_sw)
+                sw_load[:, c] += flow * cnt_b
         ef = idx._e_fwd
         kn = self._known
         for c in range(m_cols):
-            fwd[:, c] += np.bincount(idx._e_link[ef], weights=edge_load[ef, c], minlength=n_links)
-            rev[:, c] += np.bincount(idx._e_link[~ef], weights=edge_load[~ef, c], minlength=n_links)
+            fwd[:, c] += np.bincount(idx._e_link[ef], weights=edge_load[c][ef], minlength=n_links)
+            rev[:, c] += np.bincount(idx._e_link[~ef], weights=edge_load[c][~ef], minlength=n_links)
             if kn.pair.size:
                 kw = w2[kn.pair, c]
                 fwd[:, c] += np.bincount(kn.link[kn.fwd], weights=kw[kn.fwd], minlength=n_links)

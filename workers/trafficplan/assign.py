@@ -22,7 +22,8 @@ def device_of(nic: str) -> str:
 
 def agent_args(plan: TrafficPlan, topology: Topology, addresses: dict[str, str], *, run: int, start_at: float,
                duration_s: float, rate_mbit: float, window_s: float = 1.0, packet_bytes: int = 1400,
-               protocol: str = "udp", grace_s: float = 1.0, devices: dict[str, str] | None = None) -> dict[str, dict]:
+               protocol: str = "udp", grace_s: float = 1.0, devices: dict[str, str] | None = None,
+               trace_ttl: int = 0, trace_extra: int = 0) -> dict[str, dict]:
     """{host: audit.load arguments}; PlanError names a NIC without an address."""
     if protocol not in ("udp", "tcp"):
         raise PlanError(f"protocol {protocol!r}: use 'udp' or 'tcp'")
@@ -34,6 +35,8 @@ def agent_args(plan: TrafficPlan, topology: Topology, addresses: dict[str, str],
     devices = devices or {}
     base = {"run": int(run), "start_at": float(start_at), "duration_s": float(duration_s), "window_s": float(window_s),
             "grace_s": float(grace_s), "packet_bytes": int(packet_bytes), "protocol": protocol}
+    if trace_ttl:
+        base |= {"trace_ttl": int(trace_ttl), "trace_extra": int(trace_extra)}
     out: dict[str, dict] = {}
     listeners: dict[str, dict] = {}
     for f in plan.flows:

@@ -83,27 +83,49 @@ def _median(values: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def combine(docs: list[dict]) -> dict | None:
-    """One observations/v1 window from consecutive ones (the pairs every one of them measured):
-    counts added, throughput over the whole span, the median window's p50 and the worst p99.
-    The audit combines the windows after the last agent started, so a late start is not loss."""
+def _merged(src: str, dst: str, parts: list[dict], seconds: float) -> dict:
+    """One probe from a pair's consecutive window probes: counts added, throughput over `seconds`,
+    the median window's p50 and the worst p99."""
+    rb = sum(p["bytes"] for p in parts)
+    out = {"src": src, "dst": dst, "sent": sum(p["sent"] for p in parts), "lost": sum(p["lost"] for p in parts)}
+    owd = [p["owd_us"] for p in parts if p.get("owd_us")]
+    if owd:
+        out["owd_us"] = {"p50": _median([o["p50"] for o in owd]), "p99": max(o["p99"] for o in owd)}
+    return out | {"bytes": rb, "throughput_mbit": round(rb * 8 / seconds / 1e6, 3),
+                  "offered_mbit": round(sum(p["offered_mbit"] for p in parts) / len(parts), 3),
+                  "flows": parts[0]["flows"]}
+
+
+def combine_measured(docs: list[dict], first_window: dict[str, int], min_windows: int) -> tuple[dict | None, list[dict]]:
+    """One observations/v1 window of every pair over the windows both its ends were loading in.
+
+    ``first_window``: NIC -> the first window its agent was running in (a late start: the windows
+    before it hold packets its receiver never listened for, or that it never sent); a NIC absent
+    from it starts at 0. A pair counts from the later of its two ends' first windows to the end;
+    a pair with fewer than ``min_windows`` such windows is *not measured* (never passed). So one
+    late agent costs only its own pairs' first windows, not every pair's.
+
+    Returns (the window, or None when no pair was measured; the pairs not measured, each
+    ``{"src", "dst", "missing": "late", "windows": n}``). The window's ``window_s`` is the longest
+    span a pair was measured over; each probe's throughput is over its own span.
+    """
     if not docs:
-        return None
-    seconds = sum(d["window_s"] for d in docs)
-    keys = set.intersection(*({(p["src"], p["dst"]) for p in d["probes"]} for d in docs))
-    by_pair: dict[tuple[str, str], list[dict]] = {}
-    for d in docs:
+        return None, []
+    window_s = docs[0]["window_s"]
+    by_pair: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+    for w, d in enumerate(docs):
         for p in d["probes"]:
-            if (p["src"], p["dst"]) in keys:
-                by_pair.setdefault((p["src"], p["dst"]), []).append(p)
-    probes = []
+            by_pair.setdefault((p["src"], p["dst"]), []).append((w, p))
+    probes, unmeasured, longest = [], [], 0
     for (src, dst), parts in sorted(by_pair.items()):
-        rb = sum(p["bytes"] for p in parts)
-        out = {"src": src, "dst": dst, "sent": sum(p["sent"] for p in parts), "lost": sum(p["lost"] for p in parts)}
-        owd = [p["owd_us"] for p in parts if p.get("owd_us")]
-        if owd:
-            out["owd_us"] = {"p50": _median([o["p50"] for o in owd]), "p99": max(o["p99"] for o in owd)}
-        probes.append(out | {"bytes": rb, "throughput_mbit": round(rb * 8 / seconds / 1e6, 3),
-                             "offered_mbit": round(sum(p["offered_mbit"] for p in parts) / len(parts), 3),
-                             "flows": parts[0]["flows"]})
-    return {"format": OBSERVATIONS, "topology": docs[0]["topology"], "window_s": seconds, "probes": probes}
+        first = max(first_window.get(src, 0), first_window.get(dst, 0))
+        used = [p for w, p in parts if w >= first]
+        if len(used) < max(1, min_windows):
+            unmeasured.append({"src": src, "dst": dst, "missing": "late", "windows": len(used)})
+            continue
+        longest = max(longest, len(used))
+        probes.append(_merged(src, dst, used, len(used) * window_s))
+    if not probes:
+        return None, unmeasured
+    return ({"format": OBSERVATIONS, "topology": docs[0]["topology"], "window_s": longest * window_s,
+             "probes": probes}, unmeasured)

@@ -12,9 +12,10 @@ API (what the console's Celery task calls):
     verdict.network_ok, verdict.culprits     # Culprit(kind, name, confidence, evidence)
 
 `FabricModel` caches, across windows of the same topology: the PathIndex and its breadth-first
-searches, the element tables and the route-class incidence of recent pair sets (a stable probe
-plan reuses it). Keep one per topology (and drop it when the topology changes). A window that
-is already parsed (`workers.fabric.observations.parse_observations`) can be passed as a Window.
+searches, the element tables, and the route-class incidence of recent pair sets with the ECMP
+columns of the elements asked for (a stable probe plan reuses them). Keep one per topology
+(and drop it when the topology changes). A window that is already parsed
+(`workers.fabric.observations.parse_observations`) can be passed as a Window.
 `triangulate` raises ObservationsError (naming every bad key, name and row) on invalid input.
 
 Evidence for a culprit (the affected pairs of an incident's heat map):

@@ -21,8 +21,9 @@ columns are computed per class (a 9,216-GPU window of 147k pairs has ~23k classe
 to the pairs of the class. Pairs with a known path get explicit rows.
 
 `FabricModel(topology)` is built once per topology and caches what does not change between
-windows: the PathIndex with its breadth-first searches, the element tables, and the route-class
-incidence of the last few pair sets (a stable probe plan reuses it every window).
+windows: the PathIndex with its breadth-first searches, the element tables, and per route-class
+set of the last few pair sets (a `ClassSet`; a stable probe plan reuses it every window) its
+incidence and the ECMP columns of the elements asked for so far.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from workers.fabric.topology import Topology
 KIND_LINK, KIND_SWITCH, KIND_NIC, KIND_HOST = 0, 1, 2, 3
 KIND_NAMES = ("link", "switch", "nic", "host")
 _CLASS_CACHE = 4
+_COLUMN_ENTRIES = 2_000_000  # route-class column entries a ClassSet keeps (16 bytes each)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -87,7 +89,7 @@ class FabricModel:
         self.candidate = candidate
         self.nic_host = idx.nic_host
         self.nics_per_host = np.bincount(idx.nic_host, minlength=H)
-        self._classes: OrderedDict[bytes, Incidence] = OrderedDict()
+        self._classes: OrderedDict[bytes, ClassSet] = OrderedDict()
         self._exposures: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._warm = False
         self._ports: dict[int, list[tuple[int, int]]] | None = None
@@ -158,7 +160,8 @@ class FabricModel:
     def prepare(self, window: Window) -> Prepared:
         return Prepared(self, window)
 
-    def class_incidence(self, reps_src: np.ndarray, reps_dst: np.ndarray) -> Incidence:
+    def class_set(self, reps_src: np.ndarray, reps_dst: np.ndarray) -> ClassSet:
+        """The route classes of a window (one representative pair each), cached per set."""
         key = hashlib.blake2b(reps_src.tobytes() + b"|" + reps_dst.tobytes(), digest_size=16).digest()
         hit = self._classes.get(key)
         if hit is not None:
@@ -167,10 +170,51 @@ class FabricModel:
         names = self.index.nic_names
         inc = self.index.incidence([(names[s], names[d]) for s, d in zip(reps_src.tolist(), reps_dst.tolist(),
                                                                             strict=True)])
-        self._classes[key] = inc
+        self._classes[key] = hit = ClassSet(inc, self.n_links)
         if len(self._classes) > _CLASS_CACHE:
             self._classes.popitem(last=False)
-        return inc
+        return hit
+
+
+class ClassSet:
+    """The Incidence of one set of route classes and the ECMP columns of the fabric elements
+    asked for so far (a stable probe plan asks for mostly the same ones every window). The
+    column of element e: (classes, fractions), classes ascending, a class's legs summed."""
+
+    def __init__(self, inc: Incidence, n_links: int):
+        self.inc = inc
+        self.n_links = n_links
+        self._columns: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._entries = 0
+
+    def columns(self, elements: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The columns of fabric elements (link directions and switches, FabricModel order)."""
+        cache = self._columns
+        missing = np.array(sorted({int(e) for e in elements.tolist()} - cache.keys()), dtype=np.int64)
+        if missing.size:
+            L = self.n_links
+            is_link = missing < 2 * L
+            r, c, v = self.inc.fraction_entries(missing[is_link] // 2, missing[is_link] % 2 == 0,
+                                                missing[~is_link] - 2 * L)
+            order = np.concatenate((np.flatnonzero(is_link), np.flatnonzero(~is_link)))
+            k = len(missing)
+            key, inv = np.unique(r * k + c, return_inverse=True)  # merge the legs of a class
+            x = np.bincount(inv, weights=v)
+            cls, col = key // k, key % k
+            by_col = np.argsort(col, kind="stable")
+            cut = np.searchsorted(col[by_col], np.arange(k + 1))
+            for q in range(k):
+                sel = by_col[cut[q]:cut[q + 1]]
+                cache[int(missing[order[q]])] = (cls[sel], x[sel])
+                self._entries += len(sel)
+        out = []
+        for e in elements.tolist():
+            out.append(cache[e])
+            cache.move_to_end(e)
+        while self._entries > _COLUMN_ENTRIES and len(cache) > len(out):
+            _, (cls, _) = cache.popitem(last=False)
+            self._entries -= len(cls)
+        return out
 
 
 @dataclass
@@ -240,9 +284,11 @@ class Prepared:
         self._class_key = self.src[reps].tobytes() + b"|" + self.dst[reps].tobytes()
         if len(reps):
             model.warm()
-            self.inc: Incidence | None = model.class_incidence(self.src[reps], self.dst[reps])
+            self.classes: ClassSet | None = model.class_set(self.src[reps], self.dst[reps])
+            self.inc: Incidence | None = self.classes.inc
             self.hops[ecmp] = self.inc.hops[cls]
         else:
+            self.classes = None
             self.inc = None
         self.reachable = self.hops >= 0
         self._col_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -364,14 +410,21 @@ class Prepared:
         ecol = [np.zeros(0, dtype=np.int64)]
         ex = [np.zeros(0)]
         if self.inc is not None and (is_link.any() or is_sw.any()):
-            lk = elements[is_link] // 2
-            fw = elements[is_link] % 2 == 0
-            sws = elements[is_sw] - 2 * L
-            r, c, v = self.inc.fraction_entries(lk, fw, sws, pairs=None if scope is None else scope[0])
-            colmap = np.concatenate((cols[is_link], cols[is_sw]))
-            ec.append(r)
-            ecol.append(colmap[c])
-            ex.append(v)
+            if scope is None:  # the window's every pair: the plan's cached columns
+                fab = np.flatnonzero(is_link | is_sw)
+                for q, (cls_q, x_q) in zip(fab.tolist(), self.classes.columns(elements[fab]), strict=True):
+                    ec.append(cls_q)
+                    ecol.append(np.full(len(cls_q), q, dtype=np.int64))
+                    ex.append(x_q)
+            else:  # a scope's classes only (few of them): computed for this window
+                lk = elements[is_link] // 2
+                fw = elements[is_link] % 2 == 0
+                sws = elements[is_sw] - 2 * L
+                r, c, v = self.inc.fraction_entries(lk, fw, sws, pairs=scope[0])
+                colmap = np.concatenate((cols[is_link], cols[is_sw]))
+                ec.append(r)
+                ecol.append(colmap[c])
+                ex.append(v)
         ecls = np.concatenate(ec)
         ecol_a = np.concatenate(ecol)
         ex_a = np.concatenate(ex)

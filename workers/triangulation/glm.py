@@ -39,23 +39,53 @@ _EXCHANGE_PARTS = 8  # smaller elements an exchange may put in place of one aggr
 
 class Family:
     """Per-row log-likelihood pieces f(eta) of the positive rows (observations folded in), and
-    their first two derivatives in eta; `rows` index the positive rows."""
+    their first two derivatives in eta; `rows` index the positive rows.
+
+    `bind(rows)` gathers the rows' observations once: the searches evaluate the same entries
+    many times (every Newton step, every grid point), so the bound pieces (`Rows`) are what
+    they call; `f`, `f1`, `f2` and `ybound` here are the one-off forms."""
 
     cap = 1.0
     concave = True
 
-    def f(self, eta, rows):
+    def bind(self, rows) -> Rows:
         raise NotImplementedError
+
+    def f(self, eta, rows):
+        return self.bind(rows).f(eta)
 
     def ybound(self, rows):
         """y_i with f1(eta) <= y_i / eta for every eta (bounds the 1-D search)."""
-        return np.ones(len(rows))
+        return self.bind(rows).ybound()
 
     def f1(self, eta, rows):
-        raise NotImplementedError
+        return self.bind(rows).f1(eta)
 
     def f2(self, eta, rows):
+        return self.bind(rows).f2(eta)
+
+
+class Rows:
+    """A family's pieces on fixed rows (see Family.bind); `take(sel)` keeps some of them."""
+
+    def take(self, sel) -> Rows:
         raise NotImplementedError
+
+    def f(self, eta):
+        raise NotImplementedError
+
+    def ybound(self):
+        raise NotImplementedError
+
+    def f1(self, eta):
+        raise NotImplementedError
+
+    def f2(self, eta):
+        raise NotImplementedError
+
+    def f12(self, eta):
+        """(f1, f2) at the same eta, sharing what they have in common."""
+        return self.f1(eta), self.f2(eta)
 
 
 class Poisson(Family):
@@ -65,17 +95,28 @@ class Poisson(Family):
     def __init__(self, y: np.ndarray):
         self.y = np.asarray(y, dtype=np.float64)
 
-    def f(self, eta, rows):
-        return self.y[rows] * np.log(eta)
+    def bind(self, rows) -> Rows:
+        return _PoissonRows(self.y[rows])
 
-    def ybound(self, rows):
-        return self.y[rows]
 
-    def f1(self, eta, rows):
-        return self.y[rows] / eta
+class _PoissonRows(Rows):
+    def __init__(self, y):
+        self.y = y
 
-    def f2(self, eta, rows):
-        return -self.y[rows] / (eta * eta)
+    def take(self, sel):
+        return _PoissonRows(self.y[sel])
+
+    def f(self, eta):
+        return self.y * np.log(eta)
+
+    def ybound(self):
+        return self.y
+
+    def f1(self, eta):
+        return self.y / eta
+
+    def f2(self, eta):
+        return -self.y / (eta * eta)
 
 
 class PoissonBurst(Family):
@@ -97,39 +138,68 @@ class PoissonBurst(Family):
         self.b = np.log(omega) + np.log1p(-q) + (k - 1) * np.log(q)
         self.proxy = Poisson(k)  # concave, and close to it: ranks candidates cheaply
 
-    def _s(self, eta, rows):
-        p = self.c[rows] + self.k[rows] * np.log(eta)
-        return p, np.logaddexp(p, self.b[rows])
+    def bind(self, rows) -> Rows:
+        return _BurstRows(self.k[rows], self.c[rows], self.b[rows])
 
-    def f(self, eta, rows):
-        return self._s(eta, rows)[1]
 
-    def ybound(self, rows):
-        return self.k[rows]
+class _BurstRows(Rows):
+    def __init__(self, k, c, b):
+        self.k, self.c, self.b = k, c, b
 
-    def f1(self, eta, rows):
-        p, f = self._s(eta, rows)
-        return np.exp(p - f) * self.k[rows] / eta
+    def take(self, sel):
+        return _BurstRows(self.k[sel], self.c[sel], self.b[sel])
 
-    def f2(self, eta, rows):
-        p, f = self._s(eta, rows)
+    def _s(self, eta):
+        p = self.c + self.k * np.log(eta)
+        return p, np.logaddexp(p, self.b)
+
+    def f(self, eta):
+        return self._s(eta)[1]
+
+    def ybound(self):
+        return self.k
+
+    def f1(self, eta):
+        p, f = self._s(eta)
+        return np.exp(p - f) * self.k / eta
+
+    def f2(self, eta):
+        return self.f12(eta)[1]
+
+    def f12(self, eta):
+        p, f = self._s(eta)
         s = np.exp(p - f)
-        k = self.k[rows]
-        return s * k / (eta * eta) * (k * (1.0 - s) - 1.0)
+        k = self.k
+        return s * k / eta, s * k / (eta * eta) * (k * (1.0 - s) - 1.0)
 
 
 class NoisyOr(Family):
-    """log(1 - exp(-eta)) per anomalous pair: eta = -log P(the pair is normal)."""
+    """log(1 - exp(-eta)) per anomalous pair: eta = -log P(pair i is normal)."""
 
     cap = 30.0
 
-    def f(self, eta, rows):
+    def bind(self, rows) -> Rows:
+        return _NoisyOrRows(len(rows))
+
+
+class _NoisyOrRows(Rows):
+    def __init__(self, n: int):
+        self.n = n
+
+    def take(self, sel):
+        sel = np.asarray(sel)
+        return _NoisyOrRows(int(np.count_nonzero(sel)) if sel.dtype == bool else len(sel))
+
+    def f(self, eta):
         return np.log(-np.expm1(-eta))
 
-    def f1(self, eta, rows):
+    def ybound(self):
+        return np.ones(self.n)
+
+    def f1(self, eta):
         return 1.0 / np.expm1(eta)
 
-    def f2(self, eta, rows):
+    def f2(self, eta):
         h = np.sinh(np.minimum(eta, 700.0) / 2.0)
         return -1.0 / (4.0 * h * h)
 
@@ -189,7 +259,7 @@ class SparseGLM:
         else:
             pos = np.zeros(0, dtype=np.int64)
         seg = np.repeat(np.arange(len(cols)), lengths)
-        return self.X.indices[pos], self.X.data[pos], seg
+        return self.X.indices[pos].astype(np.intp), self.X.data[pos], seg
 
     def best_theta(self, cols: np.ndarray, eta: np.ndarray | None = None, warm: bool = False,
                    need: np.ndarray | None = None):
@@ -204,49 +274,49 @@ class SparseGLM:
             return np.zeros(0), np.zeros(0)
         fam = self.family
         rows, x, seg = self._gather(cols)
+        fr = fam.bind(rows)
         base = self.eta[rows] - x * self.theta[cols][seg] if eta is None else eta[rows]
         base = np.maximum(base, 1e-100)
         T = self.T[cols]
         # f1 <= y / (x theta) row by row, so the root lies below sum(y) / T
-        Y = np.bincount(seg, weights=fam.ybound(rows), minlength=k)
-        f0 = fam.f(base, rows)
+        Y = np.bincount(seg, weights=fr.ybound(), minlength=k)
+        f0 = fr.f(base)
 
         def gain_at(th):
-            return np.bincount(seg, weights=fam.f(base + x * th[seg], rows) - f0, minlength=k) - th * T
+            return np.bincount(seg, weights=fr.f(base + x * th[seg]) - f0, minlength=k) - th * T
 
         cap = self.cap[cols]
         with np.errstate(divide="ignore", invalid="ignore"):
             hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
         if not fam.concave and not warm:
-            return self._best_on_grid(cols, rows, x, seg, base, T, hi, gain_at)
+            return self._best_on_grid(cols, fr, x, seg, base, T, hi, gain_at)
         if not fam.concave:  # a refit: climb from where the column is, never downhill
             now = np.minimum(self.theta[cols], hi)
             g_now = gain_at(now)
-            cand = self._newton(np.arange(k), rows, x, seg, base, T, np.zeros(k), hi.copy(),
+            cand = self._newton(np.arange(k), fr, x, seg, base, T, np.zeros(k), hi.copy(),
                                 np.where(now > 0, now, hi / 2))
             better = gain_at(cand) > g_now
             theta = np.where(better, cand, now)
             return theta, np.maximum(gain_at(theta), 0.0)
         theta = np.zeros(k)
-        g1_0 = np.bincount(seg, weights=x * fam.f1(base, rows), minlength=k) - T
+        g1_0 = np.bincount(seg, weights=x * fr.f1(base), minlength=k) - T
         live = g1_0 > 0
         if need is not None:  # concavity: gain(theta) <= theta g1(0) <= hi g1(0)
             live &= hi * g1_0 > need
         unbound = live & (hi >= cap)  # at the cap? possible only where the bound Y / T did not bind
-        g1_cap = np.bincount(seg, weights=x * fam.f1(base + x * np.where(unbound, cap, 0.0)[seg], rows),
-                             minlength=k) - T
+        g1_cap = np.bincount(seg, weights=x * fr.f1(base + x * np.where(unbound, cap, 0.0)[seg]), minlength=k) - T
         at_cap = unbound & (g1_cap >= 0)
         theta[at_cap] = cap[at_cap]
         live &= ~at_cap
         start = self.theta[cols] if warm else hi / 2
-        theta[live] = self._newton(np.flatnonzero(live), rows, x, seg, base, T, np.zeros(k), hi.copy(),
+        theta[live] = self._newton(np.flatnonzero(live), fr, x, seg, base, T, np.zeros(k), hi.copy(),
                                    np.where((start > 0) & (start < hi), start, hi / 2))[live]
         return theta, np.maximum(gain_at(theta), 0.0)
 
-    def _newton(self, todo, rows, x, seg, base, T, lo, hi, th_all):
+    def _newton(self, todo, fr: Rows, x, seg, base, T, lo, hi, th_all):
         """Safeguarded Newton on g1 = dLL/dtheta, decreasing within [lo, hi] around its root; a
-        step leaving the bracket falls back to the geometric middle (or hi / 100 while lo = 0)."""
-        fam = self.family
+        step leaving the bracket falls back to the geometric middle (or hi / 100 while lo = 0).
+        fr: the family bound to the entries' rows."""
         k = len(T)
         for it in range(_NEWTON_STEPS):
             if todo.size == 0:
@@ -255,14 +325,15 @@ class SparseGLM:
                 lut = np.full(k, -1, dtype=np.int64)
                 lut[todo] = np.arange(len(todo))
                 sel = lut[seg] >= 0
-                s_seg, s_x, s_rows, s_base = lut[seg[sel]], x[sel], rows[sel], base[sel]
+                s_seg, s_x, s_fr, s_base = lut[seg[sel]], x[sel], fr.take(sel), base[sel]
                 s_T, s_cols = T[todo], todo
                 s_lo, s_hi, s_th = lo[todo], hi[todo], th_all[todo]
                 alive = np.ones(len(todo), dtype=bool)
                 m = len(todo)
             e = s_base + s_x * s_th[s_seg]
-            d1 = np.bincount(s_seg, weights=s_x * fam.f1(e, s_rows), minlength=m) - s_T
-            d2 = np.bincount(s_seg, weights=s_x * s_x * fam.f2(e, s_rows), minlength=m)
+            g1, g2 = s_fr.f12(e)
+            d1 = np.bincount(s_seg, weights=s_x * g1, minlength=m) - s_T
+            d2 = np.bincount(s_seg, weights=s_x * s_x * g2, minlength=m)
             s_lo = np.where(d1 > 0, s_th, s_lo)
             s_hi = np.where(d1 <= 0, s_th, s_hi)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -275,11 +346,10 @@ class SparseGLM:
             todo = s_cols[alive]
         return th_all
 
-    def _best_on_grid(self, cols, rows, x, seg, base, T, hi, gain_at, points: int = 12):
+    def _best_on_grid(self, cols, fr: Rows, x, seg, base, T, hi, gain_at, points: int = 12):
         """Non-concave families: the best of a log-spaced grid on (0, hi], refined by Newton
         between its neighbours when dLL/dtheta changes sign there."""
         k = len(cols)
-        fam = self.family
         grid = np.geomspace(1e-7, 1.0, points)[None, :] * hi[:, None]  # k x points
         gains = np.stack([gain_at(grid[:, g]) for g in range(points)], axis=1)
         b = np.argmax(gains, axis=1)
@@ -287,12 +357,12 @@ class SparseGLM:
         theta = np.where(best > 0, grid[np.arange(k), b], 0.0)
         lo = np.where(b > 0, grid[np.arange(k), np.maximum(b - 1, 0)], 0.0)
         up = grid[np.arange(k), np.minimum(b + 1, points - 1)]
-        d1 = np.bincount(seg, weights=x * fam.f1(base + x * theta[seg], rows), minlength=k) - T
+        d1 = np.bincount(seg, weights=x * fr.f1(base + x * theta[seg]), minlength=k) - T
         todo = np.flatnonzero((best > 0) & (np.abs(d1) > 0))
         if todo.size:
             lo2 = np.where(d1 > 0, theta, lo)
             hi2 = np.where(d1 > 0, up, theta)
-            refined = self._newton(todo, rows, x, seg, base, T, lo2.copy(), hi2.copy(), (lo2 + hi2) / 2)
+            refined = self._newton(todo, fr, x, seg, base, T, lo2.copy(), hi2.copy(), (lo2 + hi2) / 2)
             cand = theta.copy()
             cand[todo] = refined[todo]
             better = gain_at(cand) > gain_at(theta)
@@ -361,9 +431,9 @@ class SparseGLM:
             th, _ = self.best_theta(cols, warm=True)
             self._set(int(cols[0]), float(th[0]))
             return
-        fam = self.family
         sub = self.X[:, cols]
         rows = np.unique(sub.indices)
+        fr = self.family.bind(rows)
         Xa = sub[rows].toarray() if rows.size * len(cols) <= 4_000_000 else sub[rows]
         th = self.theta[cols].copy()
         rest = self.eta[rows] - Xa @ th
@@ -371,13 +441,13 @@ class SparseGLM:
 
         def ll(t):
             e = rest + Xa @ t
-            return (-np.inf if np.any(e <= 0) else float(fam.f(e, rows).sum() - t @ T)), e
+            return (-np.inf if np.any(e <= 0) else float(fr.f(e).sum() - t @ T)), e
 
         cur, e = ll(th)
         for _ in range(steps):
             ee = np.maximum(e, 1e-100)
-            g = Xa.T @ fam.f1(ee, rows) - T
-            w2 = fam.f2(ee, rows)
+            g1, w2 = fr.f12(ee)
+            g = Xa.T @ g1 - T
             H = Xa.T @ (Xa * w2[:, None]) if isinstance(Xa, np.ndarray) else (Xa.T @ sp.diags(w2) @ Xa).toarray()
             free = ((th > 0) | (g > 0)) & ~((th >= cap) & (g > 0))
             if not free.any():
@@ -424,8 +494,8 @@ class SparseGLM:
         rows, x, seg = self._gather(cols)
         e = np.maximum(self.eta[rows], 1e-100)
         e0 = np.maximum(e - x * self.theta[cols][seg], 1e-100)
-        f = self.family.f
-        return (np.bincount(seg, weights=f(e, rows) - f(e0, rows), minlength=len(cols))
+        f = self.family.bind(rows).f
+        return (np.bincount(seg, weights=f(e) - f(e0), minlength=len(cols))
                 - self.theta[cols] * self.T[cols])
 
     def _batch(self, cand: np.ndarray, score: np.ndarray, limit: int) -> list[int]:
@@ -515,14 +585,62 @@ class SparseGLM:
         own = self.family
         self.family = proxy
         try:
-            _, g = self.best_theta(cand, eta=eta, need=need)
+            score = self._proxy_scores(cand, shortlist, eta, need)
         finally:
             self.family = own
-        top = np.argsort(-(g - self.pen[cand]), kind="stable")[:shortlist]
+        top = np.argsort(-score, kind="stable")[:shortlist]
         th = np.zeros(len(cand))
         gain = np.zeros(len(cand))
         th[top], gain[top] = self.best_theta(cand[top], eta=eta)
         return th, gain
+
+    def _proxy_scores(self, cand: np.ndarray, shortlist: int, eta, need) -> np.ndarray:
+        """gain - pen of the (concave) family for every candidate that can be among the
+        `shortlist` best, -inf for the others. Concavity bounds each gain by hi x dLL/dtheta(0)
+        (one pass over the entries); the searches run best bound first and stop once the
+        shortlist's worst exceeds every bound left, so the shortlist is the one every search
+        would give."""
+        ub = self._gain_bounds(cand, eta, need)
+        pen = self.pen[cand]
+        score = np.full(len(cand), -np.inf)
+        zero = ub <= 0  # no search: the gain is 0
+        score[zero] = -pen[zero]
+        order = np.flatnonzero(~zero)
+        order = order[np.argsort(-(ub[order] - pen[order]), kind="stable")]
+        bound = ub[order] - pen[order]
+        done, step = 0, 2 * shortlist
+        while done < len(order):
+            part = order[done:done + step]
+            _, g = self.best_theta(cand[part], eta=eta, need=None if need is None else need[part])
+            score[part] = g - pen[part]
+            done += len(part)
+            step *= 2
+            if done < len(order):
+                kth = np.partition(score[np.isfinite(score)], -shortlist)[-shortlist] \
+                    if np.count_nonzero(np.isfinite(score)) >= shortlist else -np.inf
+                rest = bound[done]  # the largest bound left
+                if kth > rest + 1e-9 * (1.0 + abs(rest)):
+                    break
+        return score
+
+    def _gain_bounds(self, cols: np.ndarray, eta, need) -> np.ndarray:
+        """Per column, an upper bound of what best_theta (concave family) gains: hi x
+        dLL/dtheta(0); exactly 0 where best_theta does not search (no ascent, or below need)."""
+        k = len(cols)
+        rows, x, seg = self._gather(cols)
+        fr = self.family.bind(rows)
+        base = self.eta[rows] - x * self.theta[cols][seg] if eta is None else eta[rows]
+        base = np.maximum(base, 1e-100)
+        T = self.T[cols]
+        Y = np.bincount(seg, weights=fr.ybound(), minlength=k)
+        cap = self.cap[cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hi = np.where(T > 0, np.minimum(cap, Y / np.where(T > 0, T, 1.0)), cap)
+        g1_0 = np.bincount(seg, weights=x * fr.f1(base), minlength=k) - T
+        live = g1_0 > 0
+        if need is not None:
+            live &= hi * g1_0 > need
+        return np.where(live, hi * g1_0, 0.0)
 
     def select(self, max_active: int = 256, batch: int = 64, exclude: set[int] | None = None) -> None:
         """Forward selection with refit (disjoint candidates in batches), then backward pruning."""
@@ -600,9 +718,9 @@ class SparseGLM:
         a, b = self.X.indptr[j], self.X.indptr[j + 1]
         rows, x = self.X.indices[a:b], self.X.data[a:b]
         base = np.maximum(self.eta[rows] - x * th, 1e-100)
-        f = self.family.f
-        ll = np.sum(f(base + x * th, rows)) - th * self.T[j]
-        llf = np.sum(f(base + x * floor, rows)) - floor * self.T[j]
+        f = self.family.bind(rows).f
+        ll = np.sum(f(base + x * th)) - th * self.T[j]
+        llf = np.sum(f(base + x * floor)) - floor * self.T[j]
         z = np.sqrt(max(0.0, 2.0 * (ll - llf)))
         from math import erf, sqrt
 
