@@ -29,6 +29,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.clusterclock import ClusterTime
+
 ENV_OFFSET = "LOCKSTEP_TEST_CLOCK_OFFSET_NS"
 ENV_DRIFT = "LOCKSTEP_TEST_CLOCK_DRIFT_PPM"
 ENV_EPOCH = "LOCKSTEP_TEST_CLOCK_EPOCH_NS"
@@ -84,23 +86,6 @@ class ClockSource:
     def true_offset_ns(self, other: ClockSource, at_real_ns: int) -> float:
         """other − self at a real instant (what an estimator of the pair should find): tests."""
         return float(other.transform(at_real_ns) - self.transform(at_real_ns))
-
-
-@dataclass(frozen=True)
-class ClusterTimeReading:
-    """What :meth:`ClusterClock.cluster_time` answers where the spine's ``agent.clusterclock`` is absent."""
-
-    cluster_time_ns: int
-    offset_ns: float
-    drift_ppm: float
-    sigma_ns: float | None
-    synced: bool
-
-
-try:  # the spine's local socket serves the provider given to agent.clusterclock.ClusterClock.provide
-    from agent.clusterclock import ClusterTime as _ClusterTime  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the branch
-    _ClusterTime = ClusterTimeReading
 
 
 @dataclass(frozen=True)
@@ -175,7 +160,8 @@ class ClusterClock:
     def cluster_time(self):
         """The provider interface of the agent's local socket (``agent.clusterclock``): fast, never raises."""
         reading = self.now()
-        return _ClusterTime(int(reading["cluster_time_ns"]), float(reading["offset_ns"]), float(reading["drift_ppm"]),
+        # The interface's offset is cluster time − this clock: the opposite sign of the state's.
+        return ClusterTime(int(reading["cluster_time_ns"]), -float(reading["offset_ns"]), float(reading["drift_ppm"]),
                             reading["sigma_ns"], bool(reading["synced"]))
 
     def one_way_delay_ns(self, tx_cluster_ns: int, rx_local_ns: int, tx_sigma_ns: float = 0.0) -> tuple[int, float]:
@@ -190,4 +176,4 @@ class ClusterClock:
 
     def time_reply(self, request_id: int) -> dict:
         """The local socket's answer to ``{"v":1,"op":"time","id":N}`` (docs in BRIEF's contract)."""
-        return {"v": 1, "id": request_id, "ok": True, **self.now()}
+        return {"v": 1, "id": request_id, "ok": True, **self.cluster_time().answer()}

@@ -7,10 +7,9 @@ Every function runs in the caller's tenant scope (handlers run in the node's org
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from console.fleet.models import Node
@@ -44,21 +43,34 @@ def _job_event(job: Job) -> None:
     }, key=str(job.pk))
 
 
+# The parts of one heartbeat leave the orchestrator within milliseconds and heartbeats are
+# seconds apart: a part older than the stored heartbeat by more than this is from an earlier one.
+HEARTBEAT_PART_SPREAD = timedelta(seconds=1)
+
+
 def record_heartbeat(node: Node, data: dict, at: datetime) -> Job:
-    """A ``job.heartbeat``: the job's ranks, step and generation, unless a newer one is stored."""
+    """A ``job.heartbeat`` (or one part of it: a large job's ranks come in several): its ranks
+    replace theirs in the job's, unless the part is from an older heartbeat than the stored one."""
     job = job_named(node, data["job"])
-    ranks = data.get("ranks") or []
-    steps = [r["step"] for r in ranks if r.get("step") is not None]
-    fields = {
-        "ranks": ranks, "world_size": len(ranks), "step": min(steps) if steps else 0,
-        "step_time_s": max((r.get("step_time_s") or 0.0 for r in ranks), default=0.0),
-        "generation": data.get("generation") or 0, "last_seen": at,
-    }
-    if Job.objects.filter(Q(last_seen__isnull=True) | Q(last_seen__lt=at), pk=job.pk).update(
-            updated=timezone.now(), **fields):
-        for name, value in fields.items():
-            setattr(job, name, value)
-        _job_event(job)
+    part = data.get("ranks") or []
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.last_seen is not None and at < job.last_seen - HEARTBEAT_PART_SPREAD:
+            return job
+        world_size = data.get("world_size") or len(part)
+        rows = {r["rank"]: r for r in (job.ranks or []) if r.get("rank", world_size) < world_size}
+        if "world_size" not in data:  # a whole-job heartbeat of an older runtime: it replaces all
+            rows = {}
+        rows.update((r["rank"], r) for r in part if r["rank"] < world_size)
+        ranks = [rows[r] for r in sorted(rows)]
+        steps = [r["step"] for r in ranks if r.get("step") is not None]
+        job.ranks, job.world_size = ranks, world_size
+        job.step = min(steps) if steps else 0
+        job.step_time_s = max((r.get("step_time_s") or 0.0 for r in ranks), default=0.0)
+        job.generation = data.get("generation") or 0
+        job.last_seen = max(at, job.last_seen) if job.last_seen else at
+        job.save(update_fields=["ranks", "world_size", "step", "step_time_s", "generation", "last_seen", "updated"])
+    _job_event(job)
     return job
 
 

@@ -35,9 +35,11 @@ NCCL_SWITCH = kinds.shape(
     limits=EVENT_LIMITS)
 
 VALIDATORS = {
-    # A heartbeat carries every rank: the local socket's 64 KiB line is its bound.
+    # A heartbeat carries a part of the ranks (the local socket's 64 KiB line is its bound) and the
+    # job's world size; a job of more ranks sends several parts.
     "job.heartbeat": kinds.shape(
-        {"job": JOB_NAME, "generation": kinds.integer(0), "ranks": kinds.list_of(kinds.nested(_RANK), 1024)},
+        {"job": JOB_NAME, "generation": kinds.integer(0), "world_size": kinds.integer(1, 1 << 20),
+         "ranks": kinds.list_of(kinds.nested(_RANK), 1024)},
         required=("job",), limits=kinds.bounded(max_bytes=64 * 1024, max_items=1024)),
     "job.snapshot": kinds.shape(
         {"job": JOB_NAME, "id": kinds.text(64), "step": kinds.integer(0), "bytes": kinds.integer(0),
@@ -80,11 +82,12 @@ def _node(stored: StoredRecords) -> Node:
 
 @kinds.handler("event.job.heartbeat")
 def _heartbeats(stored: StoredRecords) -> None:
-    newest: dict = {}
+    newest: dict = {}  # (job, first rank of the part) -> the newest such part in the batch
     for record in stored.records:
         job = record.data.get("job")
-        if job and (job not in newest or record.ts > newest[job].ts):
-            newest[job] = record
+        key = (job, min((r["rank"] for r in record.data.get("ranks") or []), default=0))
+        if job and (key not in newest or record.ts > newest[key].ts):
+            newest[key] = record
     node = _node(stored)
     for record in newest.values():
         services.record_heartbeat(node, record.data, record.ts)

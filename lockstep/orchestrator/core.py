@@ -149,3 +149,16 @@ def pick_node(nodes: dict[int, dict], lost_node: int | None) -> int | None:
 def lost_nodes(last_seen: dict[int, float], now: float, timeout_s: float) -> list[int]:
     """Nodes whose supervisor has been silent for longer than ``timeout_s``."""
     return sorted(n for n, t in last_seen.items() if now - t > timeout_s)
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def heartbeat_parts(ranks: list[dict], per_part: int) -> list[list[dict]]:
+    """A job's per-rank heartbeat rows cut into parts of at most ``per_part`` ranks, in rank
+    order: one event carries one part, because the agent's local socket takes 64 KiB a line and
+    a job of a few thousand ranks does not fit in one."""
+    if per_part < 1:
+        raise ValueError("per_part must be at least 1")
+    ordered = sorted(ranks, key=lambda r: r["rank"])
+    return [ordered[i:i + per_part] for i in range(0, len(ordered), per_part)] or [[]]

@@ -8,8 +8,8 @@ socket is full; a partial write closes the connection (the next event reconnects
 never sees half a line.
 
 Kinds emitted by the orchestrator: ``job.heartbeat`` (every ``heartbeat_s``: per-rank step and
-step time), ``job.rank_lost``, ``job.migration_started``, ``job.migration_finished``,
-``job.snapshot``.
+step time, at most 256 ranks an event, so a larger job sends several, each with ``world_size``),
+``job.rank_lost``, ``job.migration_started``, ``job.migration_finished``, ``job.snapshot``.
 """
 
 from __future__ import annotations

@@ -280,10 +280,16 @@ class NodeSupervisor:
         outlive the leader node, which holds its store and orchestrator)."""
         watchers: dict[tuple[int, str], smallstate.SlotWatcher] = {}
         records_size: dict[int, int] = {}
+        sent_to = None
         while not self.done:
             time.sleep(FORWARD_POLL_S)
             if self.orch_sock is None:
                 continue
+            if self.orch_sock is not sent_to:  # a new (restarted) orchestrator: send it everything again
+                sent_to = self.orch_sock
+                for w in watchers.values():
+                    w.rewind()
+                records_size.clear()
             for proc in list(self.procs.values()):
                 paths = smallstate.rank_paths(self.node_dir, proc.rank)
                 for kind in smallstate.KINDS:

@@ -9,7 +9,11 @@ phase), so the orchestrator rebuilds its view from the journal plus those hellos
 that was under way is started again from its beginning (freezing the groups a second time is
 harmless: the ranks report the same progress). Training never waits on the orchestrator; while
 it is down the job runs, and a failure in that window is handled once it is back (the
-supervisors keep the dead rank's exit and shared-memory state until then).
+supervisors keep the dead rank's exit and shared-memory state until then). The journal also
+names the nodes, and the copies of non-leader ranks' small state are kept in the job directory as
+they arrive, so a node that dies while this process is down is declared lost once the restarted
+one has waited ``RESUME_GRACE_S`` plus the node timeout for its hello, and its ranks are replaced
+from those copies.
 
 Losses it handles: a rank killed (its supervisor's ``waitpid``), several at once, a loss while
 a recovery is under way (the recovery starts over with every rank lost so far and retires the
@@ -45,7 +49,13 @@ from lockstep.orchestrator.events import AGENT_KINDS, AgentEvents
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))
 HEARTBEAT_EVENT_S = float(os.environ.get("LOCKSTEP_HEARTBEAT_EVENT_S", "5"))
+# After a restart, how long a node of the journal has to say hello again before its silence counts
+# (its supervisor retries every 0.2 s; this process takes about a second to start).
+RESUME_GRACE_S = float(os.environ.get("LOCKSTEP_RESUME_GRACE_S", "2"))
+# Ranks per job.heartbeat event: 256 rows are ~20 KiB, well inside the agent socket's 64 KiB line.
+HEARTBEAT_RANKS_PER_EVENT = 256
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
+REPLICA_KINDS = ("post", "mid", "pre", "records")  # a rank's small state: three slots and its records
 LINE_LIMIT = 256 << 20  # a lost rank's state (buffers included) travels in one line
 
 COMMANDS: dict = {}
@@ -137,6 +147,7 @@ class Orchestrator:
         # Copies of the small state of ranks on nodes other than the leader, as their supervisors
         # forward them (``read_state``'s format): what replaces a rank whose whole node is lost.
         self.replicas: dict[int, dict] = {}
+        self._replica_files = jobdir.ReplicaFiles(self.dir)
         self._done = asyncio.Event()
         self.exit_code = 0
         self.failure: str | None = None
@@ -153,6 +164,7 @@ class Orchestrator:
             "ranks": {str(r.rank): r.public() | {"incarnation": r.incarnation} for r in self.ranks.values()},
             "history": self.history[-50:], "recovering": self._task_kind,
             "lost_pending": sorted(self._lost_queue),
+            "nodes": {str(n.node): {"host": n.host, "alive": n.alive} for n in self.nodes.values()},
         })
 
     def _load_journal(self):
@@ -170,6 +182,15 @@ class Orchestrator:
                 r.node = info.get("node")
                 r.step = info.get("step", 0)
                 r.incarnation = info.get("incarnation")
+        # The nodes known before the restart: one that never says hello again (it died while this
+        # process was down) is lost like one that fell silent, after the reconnect grace.
+        grace = time.monotonic() + RESUME_GRACE_S
+        known = data.get("nodes", {})
+        for n in range(self.nnodes):
+            info = known.get(str(n), {})
+            self.nodes[n] = NodeInfo(n, host=info.get("host", ""), alive=bool(info.get("alive", True)), last_seen=grace)
+        for rank, kinds in jobdir.read_replicas(self.dir, REPLICA_KINDS).items():
+            self.replicas[rank] = _empty_replica() | kinds
         pending = set(data.get("lost_pending", []))
         if data.get("recovering"):
             pending |= {r.rank for r in self.ranks.values() if r.status in ("lost", "recovering")}
@@ -231,10 +252,12 @@ class Orchestrator:
                         await node.conn.writer.drain()
             if now - last_event >= HEARTBEAT_EVENT_S:
                 last_event = now
-                self.events.emit("job.heartbeat", {
-                    "job": self.job, "generation": self.generation,
-                    "ranks": [{"rank": r.rank, "step": r.step, "step_time_s": r.step_time_s, "node": r.node,
-                               "state": r.status} for r in self.ranks.values()]})
+                rows = [{"rank": r.rank, "step": r.step, "step_time_s": r.step_time_s, "node": r.node,
+                         "state": r.status} for r in self.ranks.values()]
+                for part in core.heartbeat_parts(rows, HEARTBEAT_RANKS_PER_EVENT):
+                    self.events.emit("job.heartbeat", {
+                        "job": self.job, "generation": self.generation, "world_size": self.world_size,
+                        "ranks": part})
 
     async def _read_lines(self, conn: Conn):
         while True:
@@ -283,6 +306,7 @@ class Orchestrator:
         conn.role = role
         if role == "supervisor":
             n = int(msg["node"])
+            new = n not in self.nodes or self.nodes[n].host != msg.get("host", "")
             node = self.nodes.setdefault(n, NodeInfo(n))
             node.conn = conn
             node.host = msg.get("host", "")
@@ -296,6 +320,8 @@ class Orchestrator:
                 info.pid = pid
             for ex in msg.get("exits", []):
                 self._from_node(node, dict(ex, op="exited"))
+            if new:
+                self._journal()
             self._changed.set()
             return node
         rank = int(msg["rank"])
@@ -312,6 +338,7 @@ class Orchestrator:
         info.phase = msg.get("phase", "live")
         if info.status in ("starting",) and role == "worker":
             info.status = "running"
+            self._journal()  # a restarted orchestrator must know it runs (and where) to lose it with its node
         plan = info.events.get("plan")
         if role == "replacement" and plan:
             conn.send(dict(plan, op="plan"))
@@ -374,11 +401,14 @@ class Orchestrator:
         if op == "exited":
             self._rank_exited(node, msg)
         elif op == "replica":
-            copy = self.replicas.setdefault(int(msg["rank"]), {kind: None for kind in ("post", "mid", "pre")} | {"records": []})
+            rank = int(msg["rank"])
+            copy = self.replicas.setdefault(rank, _empty_replica())
             if msg["kind"] == "records":
                 copy["records"] = msg["records"]
             else:
                 copy[msg["kind"]] = msg["slot"]
+            # Kept on disk too: a node that dies while this process restarts is replaced from it.
+            self._replica_files.put(rank, msg["kind"], copy[msg["kind"]])
 
     # -- node requests ---------------------------------------------------------------------
 
@@ -440,7 +470,7 @@ class Orchestrator:
         if not node.alive:
             return
         node.alive = False
-        ranks = [r.rank for r in self.ranks.values() if r.node == n and r.status in ("running", "recovering")]
+        ranks = [r.rank for r in self.ranks.values() if r.node == n and r.status in ("starting", "running", "recovering")]
         self._lose(ranks, why)
 
     def _lose(self, ranks: list[int], why: str):
@@ -768,6 +798,10 @@ class Orchestrator:
             pass
         finally:
             writer.close()
+
+
+def _empty_replica() -> dict:
+    return {"post": None, "mid": None, "pre": None, "records": []}
 
 
 def _post_step(source: dict) -> int | None:

@@ -170,6 +170,10 @@ class SlotWatcher:
             self._seen = seqs
         return best
 
+    def rewind(self):
+        """The next poll returns the latest slot again, changed or not."""
+        self._seen = (0, 0)
+
     def close(self):
         if self._map is not None:
             self._map.close()

@@ -90,7 +90,8 @@ def test_clock_sync_estimates_the_planned_peer_applies_the_correction_and_serves
         assert answer["sigma_ns"] == 150.0
         # cluster time is node-b's clock: within the bound plus the socket's round trip
         assert abs(answer["cluster_time_ns"] - theirs.transform(real_at)) < 5_000_000
-        assert abs(answer["offset_ns"] + mine.true_offset_ns(theirs, real_at)) < 1_000
+        # offset_ns is cluster time − this node's clock: node-b's clock − node-a's
+        assert abs(answer["offset_ns"] - mine.true_offset_ns(theirs, real_at)) < 1_000
 
         # a bad plan fails, naming the field; the running plan stays
         bad = {**plan, "peers": [["node-b", "127.0.0.300"]]}

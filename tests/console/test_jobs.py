@@ -83,6 +83,30 @@ def test_forwarded_events_become_the_job_its_captures_versions_and_path_events(f
         assert Job.objects.get(name="train-7").step == 40
 
 
+def test_a_large_jobs_heartbeat_in_parts_becomes_one_job_and_an_older_part_is_ignored(
+        fleet, django_capture_on_commit_callbacks):
+    def part(first, count, step, ts):
+        return event("job.heartbeat", {"job": "big", "generation": 2, "world_size": 1000, "ranks": [
+            {"rank": r, "step": step + (r == 999), "step_time_s": 0.5 if r == 640 else 0.1, "node": r // 8,
+             "state": "running"} for r in range(first, min(first + count, 1000))]}, ts=ts)
+
+    parts = [part(first, 256, 70, TS + first * 1e-6) for first in range(0, 1000, 256)]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(fleet, 30, parts[:2]).status_code == 202
+        assert post(fleet, 31, parts[2:]).status_code == 202
+    with scoping.for_organization(fleet.node.organization_id):
+        job = Job.objects.get(cluster=fleet.cluster, name="big")
+        assert [r["rank"] for r in job.ranks] == list(range(1000))
+        assert (job.world_size, job.step, job.generation, job.step_time_s) == (1000, 70, 2, 0.5)
+    # The next heartbeat moves the ranks of its part; a part of an earlier heartbeat does not.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(fleet, 32, [part(0, 256, 90, TS + 5), part(256, 256, 20, TS - 5)]).status_code == 202
+    with scoping.for_organization(fleet.node.organization_id):
+        job = Job.objects.get(cluster=fleet.cluster, name="big")
+        assert {r["step"] for r in job.ranks[:256]} == {90}
+        assert {r["step"] for r in job.ranks[256:999]} == {70} and job.step == 70
+
+
 def test_every_change_is_published_live_to_the_cluster(fleet, django_capture_on_commit_callbacks, monkeypatch):
     from console.live import publish as live
 

@@ -145,8 +145,9 @@ def test_agents_in_namespaces_sync_to_the_reference_and_a_stepped_clock_is_detec
             answer = AgentSocket(str(fab.agents()[host]["state_dir"]) + "/agent.sock").time(timeout=2)
             if not answer or not answer["synced"]:
                 return False
-            real = real_instant(clocks[host], int(answer["cluster_time_ns"]) + round(answer["offset_ns"]))
-            truth = clocks[host].transform(real) - clocks[ref].transform(real)
+            # offset_ns is cluster time − this node's clock (docs/agent-protocol.md, "time")
+            real = real_instant(clocks[host], int(answer["cluster_time_ns"]) - round(answer["offset_ns"]))
+            truth = clocks[ref].transform(real) - clocks[host].transform(real)
             return abs(answer["offset_ns"] - truth) < SERVED_BOUND_NS
 
         for host in fab.hosts:

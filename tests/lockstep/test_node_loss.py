@@ -98,3 +98,29 @@ def test_a_lost_node_has_all_its_ranks_replaced_on_spares_bitwise(two_nodes, tmp
     assert {h["rank"] for h in lost} == {2, 3} and all("node 1" in h["cause"] for h in lost)
     recovered = [h for h in history if h["kind"] == "job.migration_finished"]
     assert {h["rank"] for h in recovered} == {2, 3} and all(h["to_node"] == 0 for h in recovered)
+
+
+
+def test_a_node_that_dies_while_the_orchestrator_restarts_is_lost_and_then_recovered_or_named(
+        two_nodes, tmp_path_factory):
+    # Before, such a node was never declared lost: the job hung. Now the restarted orchestrator
+    # loses it after the reconnect grace and replaces its ranks from the copies on disk when they
+    # are current; when the node's ranks ran on past the last copy that reached the orchestrator
+    # (they may, while it was down), the job fails as torchrun would, saying so: never a hang,
+    # never a wrong result.
+    expected = reference(tmp_path_factory.getbasetemp(), SCRIPT, ARGS)
+    job = two_nodes(SCRIPT, ARGS, spares=2)
+    job.wait_step(random.randrange(10, 80))
+    job_dir = job.state_dir / "jobs" / job.name
+    orchestrator = json.loads((job_dir / "job.json").read_text())["pid"]
+    os.kill(orchestrator, signal.SIGKILL)
+    job.nodes[1].send_signal(signal.SIGKILL)  # node 1 never says hello to the restarted orchestrator
+    status = job.wait()
+    assert json.loads((job_dir / "job.json").read_text())["pid"] != orchestrator
+    history = json.loads((job_dir / "state.json").read_text())["history"]
+    lost = [h for h in history if h["kind"] == "job.rank_lost"]
+    assert {h["rank"] for h in lost} == {2, 3} and all("node 1" in h["cause"] for h in lost), job.output[-4000:]
+    if status == 0:
+        assert_bitwise_equal(load(job.out), expected)
+    else:
+        assert "last replicated step" in job.output and "survivors are at step" in job.output, job.output[-4000:]

@@ -84,3 +84,25 @@ def test_a_replacement_prefers_the_lost_ranks_node_then_the_one_with_most_spares
 
 def test_silent_nodes_are_lost_after_the_timeout():
     assert core.lost_nodes({0: 10.0, 1: 8.0}, now=10.5, timeout_s=1.5) == [1]
+
+
+def test_a_heartbeat_of_thousands_of_ranks_goes_in_parts_that_each_fit_the_agent_socket_line():
+    import json
+
+    from lockstep.orchestrator.events import MAX_LINE
+    from lockstep.orchestrator.server import HEARTBEAT_RANKS_PER_EVENT
+
+    rows = [{"rank": r, "step": 123456789, "step_time_s": 0.123456789012345, "node": r // 8, "state": "recovering"}
+            for r in reversed(range(4096))]
+    parts = core.heartbeat_parts(rows, HEARTBEAT_RANKS_PER_EVENT)
+    assert [r["rank"] for part in parts for r in part] == list(range(4096))
+    for part in parts:
+        line = json.dumps({"v": 1, "op": "event", "kind": "job.heartbeat", "ts_ns": 1 << 62, "data": {
+            "job": "j" * 64, "generation": 1 << 30, "world_size": 4096, "ranks": part}}, separators=(",", ":"))
+        assert len(line) + 1 <= MAX_LINE
+
+
+def test_heartbeat_parts_of_an_empty_job_is_one_empty_part_and_a_part_size_below_one_is_refused():
+    assert core.heartbeat_parts([], 256) == [[]]
+    with pytest.raises(ValueError, match="per_part"):
+        core.heartbeat_parts([{"rank": 0}], 0)
