@@ -54,6 +54,14 @@ def test_a_confident_culprit_of_a_short_window_opens_at_once():
     assert out == [[], [], [("open", "switch:leaf-0")]]
 
 
+def test_a_host_that_stops_answering_for_a_moment_is_not_an_incident_and_one_that_stays_silent_is():
+    host = {"kind": "host", "name": "node0003", "confidence": 1.0}
+    _, out = run([[host], [host], [], [], []], length=Q * 2, spanned=2)  # a stall in one 500 ms window
+    assert out == [[]] * 5
+    _, out = run([[host]] * 4, length=Q * 2, spanned=2)
+    assert out[:2] == [[], []] and out[2] == [("open", "host:node0003")]
+
+
 def test_it_resolves_after_the_clean_time_and_not_before():
     windows = [[LINK], [LINK]] + [[]] * 5
     _, out = run(windows, Hysteresis(clear_s=5))

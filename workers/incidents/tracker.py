@@ -8,7 +8,9 @@ verdicts share evidence. One fault is one incident:
   lossy one once its evidence has grown strong enough, does not wait for anything);
 - a doubtful culprit (named, below `open_confidence`) opens once named in `confirm_spans`
   verdicts whose evidence does not overlap, all within `confirm_s` (verdicts that share their
-  windows are not independent: a burst in one window is in each of them);
+  windows are not independent: a burst in one window is in each of them); so does a culprit of
+  a kind in `confirm_kinds`, however confident: a host that stops answering for a moment (a
+  scheduling stall of a loaded host) is not an incident, one that stays silent is;
 - every later verdict naming it updates that incident; it resolves once `clear_s` have passed
   since the end of the last verdict naming it (by the ends of the windows judged since);
 - a culprit named again within `reopen_s` of resolving reopens its incident rather than opening
@@ -35,6 +37,7 @@ class Hysteresis:
     open_confidence: float = 0.9  # a culprit named this confidently opens at once
     confirm_spans: int = 2  # ... a doubtful one once named on this many spans of disjoint evidence
     confirm_s: float = 3.0  # ... within this long (the oldest evidence to the newest window's end)
+    confirm_kinds: tuple[str, ...] = ("host",)  # culprits of these kinds always wait for that
     clear_s: float = 5.0  # not named for this long: resolved
     reopen_s: float = 300.0  # named again within this after resolving: the same incident reopens
 
@@ -125,7 +128,8 @@ def step(state: dict | None, span: Span, culprits: list[dict],
                 resolved[key] = span.end_ns
                 tracked.pop(key, None)
                 continue
-        elif key in named and (named[key].get("confidence", 0) >= s.open_confidence or _confirmed(entry["hits"], s)):
+        elif key in named and ((named[key].get("confidence", 0) >= s.open_confidence
+                                and named[key].get("kind") not in s.confirm_kinds) or _confirmed(entry["hits"], s)):
             entry["open"] = True
             was = resolved.pop(key, None)
             again = was is not None and span.end_ns - was <= s.reopen_s * 1e9
