@@ -2,7 +2,7 @@
 
 The set-up of tests/testbed/test_incidents_fabric.py: an emulated fabric (4 hosts x 2 rails, 2
 spines), the real console under uvicorn on every address (and a Celery worker when REDIS_URL is
-set), a real agent in every host namespace, the probe plan pushed through the REST API (250 ms
+set), a real agent in every host namespace, the probe plan pushed through the REST API (1 s
 windows, a probe every 10 ms per peer; `--window-ms`, `--deadline-floor-ms` change them). A
 websocket client logged in as the organization's owner subscribes to the cluster's live group,
 as the cluster page does. Then, per fault kind, for each injection: a host cable (in turn) gets
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# 250 ms windows, each judged on the last second of them (console.incidents.services.EVIDENCE_S);
-# a 100 ms deadline floor (the testbed's RTTs are far below; a loaded host's stall is a host
-# culprit that waits for confirmation, workers.incidents.tracker)
-PLAN_OPTIONS = {"window_ms": 250, "sport_count": 8, "deadline_floor_ms": 100, "paths": {"enabled": False}}
+# 1 s windows and a generous 300 ms deadline floor, as the end-to-end test: on this 2-core shared
+# machine the console falls behind storing 250 ms windows (`--window-ms 250`, each judged on the
+# last second of them, console.incidents.services.EVIDENCE_S); bench/incidents/README.md has both
+PLAN_OPTIONS = {"window_ms": 1000, "sport_count": 8, "deadline_floor_ms": 300, "paths": {"enabled": False}}
 AGENT_ENV = {"LOCKSTEP_INVENTORY_INTERVAL_S": "5", "LOCKSTEP_HEALTH_INTERVAL_S": "30",
              "LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S": "5"}
 
