@@ -90,8 +90,8 @@ def probe_window(cluster: Cluster, node: Node, start_ns: int) -> dict:
 
 
 def make_incident(cluster: Cluster, node: Node) -> None:
-    """The node's stored probe window filed, a verdict naming the host, the incident it opens
-    (then resolved), and the cluster's probe plan (through the incidents services). Where the
+    """The node's stored probe window filed, a verdict naming the host on it and on the window
+    after, the incident they open (then resolved), and the cluster's probe plan (through the incidents services). Where the
     telemetry handlers run at once (a test with transactions), the window has already been filed."""
     rows = list(TelemetryRecord.objects.filter(node=node, kind="probe.window").select_related("batch"))
     stored = kinds.StoredRecords("probe.window", node.organization_id, cluster.pk, node.pk, rows[0].batch_id,
@@ -100,8 +100,14 @@ def make_incident(cluster: Cluster, node: Node) -> None:
         incident_services.add_probe_records(stored)
     window = ProbeWindow.objects.get(cluster=cluster)
     if window.state == WindowState.QUEUED:
-        incident_services.record_verdict(window.pk, {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": [
-            {"kind": "host", "name": node.name, "confidence": 0.97, "evidence": {"loss": {node.name: 0.3}}}]})
+        verdict = {"format": "lockstep.verdict/v1", "network_ok": True, "culprits": [
+            {"kind": "host", "name": node.name, "confidence": 0.97, "evidence": {"loss": {node.name: 0.3}}}]}
+        incident_services.record_verdict(window.pk, verdict)
+        # a host culprit opens once a second window (evidence of its own) names it too
+        second = ProbeWindow.objects.create(organization_id=cluster.organization_id, cluster=cluster,
+                                            start_ns=window.start_ns + 10**9, window_s=window.window_s,
+                                            expected=window.expected, state=WindowState.QUEUED)
+        incident_services.record_verdict(second.pk, verdict)
         # resolved, so the fleet's health stays what the other tests expect
         incident_services.resolve(Incident.objects.get(cluster=cluster))
     incident_services.push_probe_plan(cluster)

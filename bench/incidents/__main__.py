@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     detect = sub.add_parser("detect", help="fault injected -> incident on a browser's websocket")
     detect.add_argument("--injections", type=int, default=20, help="per fault kind")
     detect.add_argument("--faults", default="link-down,loss-5", help="link-down, loss-5 (5%% random loss)")
+    detect.add_argument("--window-ms", type=int, help="the plan's window (default 1000)")
+    detect.add_argument("--deadline-floor-ms", type=float, help="the plan's probe deadline floor (default 300)")
     for p in (ingest, detect):
         p.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
@@ -62,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bench.incidents.detect import run
 
+            options = {k: v for k, v in (("window_ms", args.window_ms), ("deadline_floor_ms", args.deadline_floor_ms))
+                       if v is not None}
             result = run(injections=args.injections, faults=args.faults.split(","), tmp=Path(tmp),
-                         log=lambda m: print(m, file=sys.stderr, flush=True))
+                         log=lambda m: print(m, file=sys.stderr, flush=True), options=options)
     result = {"machine": machine(), **result}
     text = json.dumps(result, indent=1)
     print(text)

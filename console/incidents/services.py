@@ -5,11 +5,13 @@ Flow: the `probe.window` kind's file step files each NIC's record into its clust
 batch's transaction (`add_probe_records`); a window is queued for triangulation when every NIC expected has
 reported, or when it is overdue (`OVERDUE_WINDOWS` newer windows have started: a NIC that went
 silent does not hold its window back for ever). The Celery task calls `triangulate_window`: the
-records are merged into arrays of directed pairs (workers.probemesh.merge_records, what
-`lockstep.observations/v1` would say, without the document), the triangulation
+records of the window, and when windows are short those of the windows just before it (the last
+`EVIDENCE_S` of evidence), are merged into arrays of directed pairs (workers.probemesh.merge_records,
+what `lockstep.observations/v1` would say, without the document), so short windows name a dark
+cable at once and a lossy one as soon as its losses add up; the triangulation
 (workers.triangulation) gives the verdict, the tracker (workers.incidents) turns verdicts into
 open / update / resolve, and each action writes the incident, its timeline and the element's
-health, and publishes them live.
+health, and publishes them live (an incident's event without the live outbox's coalescing wait).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from console.live.publish import publish
 from console.telemetry.kinds import StoredRecords
 from workers.fabric.observations import Window, window_of_arrays
 from workers.fabric.topology import parse_topology
-from workers.incidents import Hysteresis, step
+from workers.incidents import Hysteresis, Span, step, windows_for
 from workers.probemesh.observations import Pairs, merge_records
 from workers.probeplan import plan_probes
 from workers.triangulation import FabricModel, pairs_through, triangulate
@@ -59,6 +61,10 @@ MAX_TIMELINE_POINTS = 600  # per incident: one point per window naming it, the n
 MAX_EVIDENCE_PAIRS = 64  # per incident: the affected pairs, lossiest first
 MAX_SUMMARY_PAIRS = 256  # per window: the lossiest pairs (the heat map's data)
 HYSTERESIS = Hysteresis()
+# Each window is judged on the evidence of about this long: the window and the ones just before
+# it (1 s windows: the window alone). 5 % loss on a cable is a handful of probes per pair in one
+# 250 ms window, and unmistakable in four.
+EVIDENCE_S = 1.0
 # Windows that start this soon after a plan push are not tracked: agents take up a plan one by
 # one, and a NIC that has not yet started answering looks like a dead one.
 PLAN_SETTLE_S = 5.0
@@ -181,11 +187,10 @@ def _window_records(window: ProbeWindow) -> list[dict]:
     return list(by_nic.values())
 
 
-def _window_pairs(window: ProbeWindow, model: FabricModel) -> tuple[Pairs, Window, int]:
-    """The window's merged pairs between NICs of the topology (as arrays), their Window for the
+def _known_pairs(pairs: Pairs, model: FabricModel) -> tuple[Pairs, Window, int]:
+    """The merged pairs between NICs of the topology (as arrays), their Window for the
     triangulation (row i is pair i), and how many pairs naming other NICs were left out. The
     records were checked as they arrived (the kind's validator): they are merged as stored."""
-    pairs = merge_records(_window_records(window))
     nic_index = model.index.nic_index
     at = np.array([nic_index.get(name, -1) for name in pairs.names], dtype=np.int64)
     src, dst = at[pairs.src], at[pairs.dst]
@@ -221,58 +226,110 @@ def triangulate_window(window_id: int) -> ProbeWindow | None:
     """Triangulate one queued window and apply what its verdict means (in the window's
     organization). Windows of a cluster are tracked in order: one older than the newest tracked
     is triangulated and stored, and changes no incident."""
-    return _settle(window_id, lambda model, observed: triangulate(model, observed).to_document(evidence=True))
+    return _settle(window_id, lambda model, observed: triangulate(model, observed).to_document(evidence=True),
+                   accumulate=True)
 
 
 def record_verdict(window_id: int, verdict: dict) -> ProbeWindow | None:
     """Apply a verdict reached elsewhere (`python -m workers.triangulation` on the window, a
-    replay) to a queued window, as its triangulation would."""
-    return _settle(window_id, lambda model, observed: verdict)
+    replay) to a queued window, as its triangulation would (the verdict is of that window alone)."""
+    return _settle(window_id, lambda model, observed: verdict, accumulate=False)
 
 
-def _settle(window_id: int, judge) -> ProbeWindow | None:
+def _earlier_windows(window: ProbeWindow, settled_ns: int) -> list[ProbeWindow]:
+    """The windows of the same length just before this one that belong in its evidence span,
+    oldest first: whatever their triangulation (one skipped, or still queued, is evidence too),
+    except a failed one and those before `settled_ns` (agents were taking up a new plan)."""
+    n = windows_for(EVIDENCE_S, window.window_s)
+    if n == 1:
+        return []
+    length_ns = int(round(window.window_s * 1e9))
+    return list(ProbeWindow.objects.filter(
+        cluster_id=window.cluster_id, start_ns__gte=max(settled_ns, window.start_ns - (n - 1) * length_ns),
+        start_ns__lt=window.start_ns, window_s__gt=window.window_s - 1e-6, window_s__lt=window.window_s + 1e-6,
+    ).exclude(state=WindowState.FAILED).only("id", "cluster_id", "start_ns", "window_s").order_by("start_ns"))
+
+
+def _superseded(window: ProbeWindow) -> bool:
+    """Whether a newer window of the cluster is complete (queued or done) already: the console
+    is behind, and the newer one's verdict, whose span holds this one's records, is what counts."""
+    return ProbeWindow.objects.filter(cluster_id=window.cluster_id, start_ns__gt=window.start_ns,
+                                      state__in=[WindowState.QUEUED, WindowState.DONE]).exists()
+
+
+def _settle(window_id: int, judge, accumulate: bool) -> ProbeWindow | None:
     window = ProbeWindow.objects.filter(pk=window_id).select_related("cluster").first()
     if window is None or window.state != WindowState.QUEUED:
         return window
     cluster = window.cluster
+    plan = ProbePlan.objects.filter(cluster=cluster).only("pushed_at").first()
+    settled_ns = int((plan.pushed_at.timestamp() + PLAN_SETTLE_S) * 1e9) if plan is not None and plan.pushed_at else 0
+    if accumulate and window.start_ns >= settled_ns and windows_for(EVIDENCE_S, window.window_s) > 1 \
+            and _superseded(window):
+        # behind (a loaded console): short windows are skipped for the newest complete one,
+        # which is judged on their records too, so the delay does not grow with the backlog
+        if ProbeWindow.objects.filter(pk=window.pk, state=WindowState.QUEUED).update(
+                state=WindowState.LATE, summary={"skipped": "a newer window was complete"},
+                triangulated_at=timezone.now()):
+            window.state = WindowState.LATE
+        return window
+    # The verdict is reached before the write transaction: SQLite has one writer, and the
+    # records agents post meanwhile must not wait for a triangulation to file theirs.
+    error = None
+    earlier: list[ProbeWindow] = []
+    try:
+        model = fabric_model(cluster)
+        records = _window_records(window)
+        pairs, observed, ignored = _known_pairs(merge_records(records), model)
+        earlier = _earlier_windows(window, settled_ns) if accumulate else []
+        if earlier:  # the span: this window's records and those of the windows before it
+            spanned = [r for w in earlier for r in _window_records(w)] + records
+            evidence_pairs, evidence, _ = _known_pairs(merge_records(spanned), model)
+        else:
+            evidence_pairs, evidence = pairs, observed
+        verdict = judge(model, evidence)
+    except (ValueError, KeyError) as exc:  # ObservationsError, ProbeWindowError, TopologyError
+        error = exc
     with transaction.atomic():
         tracker, _ = IncidentTracker.objects.select_for_update().get_or_create(
             cluster=cluster, defaults={"organization_id": cluster.organization_id})
         window = ProbeWindow.objects.select_for_update().get(pk=window_id)
-        if window.state != WindowState.QUEUED:
+        if window.state != WindowState.QUEUED:  # another worker settled it meanwhile
             return window
-        try:
-            model = fabric_model(cluster)
-            pairs, observed, ignored = _window_pairs(window, model)
-            verdict = judge(model, observed)
-        except (ValueError, KeyError) as exc:  # ObservationsError, ProbeWindowError, TopologyError
-            window.state, window.error = WindowState.FAILED, str(exc)[:1000]
+        if error is not None:
+            window.state, window.error = WindowState.FAILED, str(error)[:1000]
             window.triangulated_at = timezone.now()
             window.save(update_fields=["state", "error", "triangulated_at", "updated"])
-            log.warning("event=probe_window_failed cluster=%s start_ns=%s error=%s", cluster.pk, window.start_ns, exc)
+            log.warning("event=probe_window_failed cluster=%s start_ns=%s error=%s", cluster.pk, window.start_ns,
+                        error)
             return window
         window.verdict, window.network_ok = verdict, verdict["network_ok"]
         window.summary = _summary(pairs, ignored)
+        from_ns = earlier[0].start_ns if earlier else window.start_ns
+        window.summary["evidence"] = {"windows": len(earlier) + 1, "from_start_ns": from_ns}
         window.triangulated_at = timezone.now()
-        plan = ProbePlan.objects.filter(cluster=cluster).only("pushed_at").first()
         if window.start_ns <= tracker.last_start_ns:
             window.state = WindowState.LATE
-        elif plan is not None and plan.pushed_at and window.start_ns < (plan.pushed_at.timestamp() + PLAN_SETTLE_S) * 1e9:
+        elif window.start_ns < settled_ns:
             window.state = WindowState.SETTLING
         else:
             window.state = WindowState.DONE
-            tracker.state, actions = step(tracker.state, window.start_ns, verdict["culprits"], HYSTERESIS)
+            judged = Span(window.start_ns, window.start_ns + int(round(window.window_s * 1e9)), from_ns)
+            tracker.state, actions = step(tracker.state, judged, verdict["culprits"], HYSTERESIS)
             tracker.last_start_ns = window.start_ns
             tracker.save(update_fields=["state", "last_start_ns", "updated"])
             for action in actions:
-                _apply(cluster, window, action, model, observed, pairs)
+                _apply(cluster, window, action, model, evidence, evidence_pairs, from_ns)
         window.save(update_fields=["verdict", "network_ok", "summary", "triangulated_at", "state", "updated"])
         publish(cluster.organization_id, cluster.pk, "probe_window",
-                {"id": window.pk, "start_ns": window.start_ns, "network_ok": window.network_ok,
+                {"id": window.pk, "start_ns": window.start_ns, "window_s": window.window_s,
+                 "evidence_windows": len(earlier) + 1, "network_ok": window.network_ok,
                  "culprits": [{k: c[k] for k in ("kind", "name", "confidence")} for c in verdict["culprits"]],
                  "pairs": window.summary["pairs"], "loss": window.summary["loss"]}, key="latest")
-    ProbeWindow.objects.filter(cluster=cluster,
-                               start_ns__lt=window.start_ns - int(PROBE_WINDOW_RETENTION_S * 1e9)).delete()
+    expired = ProbeWindow.objects.filter(cluster=cluster,
+                                         start_ns__lt=window.start_ns - int(PROBE_WINDOW_RETENTION_S * 1e9))
+    if expired.exists():  # a read first: a delete is a write transaction even when nothing goes
+        expired.delete()
     return window
 
 
@@ -286,7 +343,8 @@ def _culprit_loss(culprit: dict) -> float | None:
 
 
 def _evidence(model: FabricModel, observed: Window, pairs: Pairs, culprit: dict, previous: ProbeWindow | None) -> dict:
-    """The pairs whose probes can cross the culprit, lossiest first, now and in the window before."""
+    """The pairs whose probes can cross the culprit, lossiest first, during the evidence span
+    (`pairs`) and in the window before it."""
     try:
         rows, share = pairs_through(model, observed, culprit["kind"], culprit["name"])
     except KeyError:
@@ -303,20 +361,20 @@ def _evidence(model: FabricModel, observed: Window, pairs: Pairs, culprit: dict,
             "culprit": {k: v for k, v in culprit.items() if k != "name"}}
 
 
-def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, observed: Window, pairs: Pairs) -> None:
+def _apply(cluster: Cluster, window: ProbeWindow, action, model: FabricModel, observed: Window, pairs: Pairs,
+           from_ns: int) -> None:
     kind, name = action.key.split(":", 1)
     seen = _window_time(window)
     incident = (Incident.objects.filter(cluster=cluster, kind=kind, culprit=name)
                 .exclude(state=IncidentState.RESOLVED).order_by("-opened_at").first())
     if action.action == "resolve":
         if incident is not None:
-            _resolve(incident, seen, "the culprit was not named for "
-                                     f"{HYSTERESIS.clear_windows} windows in a row")
+            _resolve(incident, seen, f"the culprit was not named for {HYSTERESIS.clear_s:g} s")
         return
     culprit = action.culprit
     loss = _culprit_loss(culprit)
     if incident is None:
-        previous = (ProbeWindow.objects.filter(cluster=cluster, start_ns__lt=window.start_ns,
+        previous = (ProbeWindow.objects.filter(cluster=cluster, start_ns__lt=from_ns,
                                                state__in=[WindowState.DONE, WindowState.LATE, WindowState.SETTLING])
                     .order_by("-start_ns").first())
         evidence = _evidence(model, observed, pairs, culprit, previous)
@@ -457,7 +515,7 @@ def _publish(incident: Incident) -> None:
         "network_ok": incident.network_ok, "confidence": round(incident.confidence, 4), "loss": incident.loss,
         "first_seen": incident.first_seen.isoformat(), "last_seen": incident.last_seen.isoformat(),
         "windows": incident.windows,
-    }, key=str(incident.pk))
+    }, key=str(incident.pk), prompt=True)
 
 
 # --- the probe plan ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The one way to push a live update to browsers.
 
 `publish()` never sends inside a transaction: the event is handed to an outbox when the
-transaction commits (and dropped if it rolls back). The outbox waits a short window, then sends
-one message per group, keeping only the latest event per (kind, key), and collapsing a burst of
+transaction commits (and dropped if it rolls back). The outbox waits a short window (a *prompt*
+event, such as an incident opening, does not wait: it goes out with what is pending at once),
+then sends one message per group, keeping only the latest event per (kind, key), and collapsing a burst of
 more than LIVE_MAX_EVENTS_PER_FLUSH events into a single `refresh` (a topology import of a
 thousand rows is one message, not a thousand). Persistence never depends on delivery.
 """
@@ -26,11 +27,13 @@ COALESCE_WINDOW_S = 0.1
 STALE_FLUSH_S = 2.0
 
 
-def publish(organization_id: int, cluster_id: int | None, kind: str, data: dict, key: str | None = None) -> None:
-    """Send `{kind, key, data}` to the cluster's group (or the organization's) after commit."""
+def publish(organization_id: int, cluster_id: int | None, kind: str, data: dict, key: str | None = None,
+            prompt: bool = False) -> None:
+    """Send `{kind, key, data}` to the cluster's group (or the organization's) after commit;
+    `prompt`: without the coalescing wait."""
     group = cluster_group(organization_id, cluster_id) if cluster_id else organization_group(organization_id)
     event = {"kind": kind, "key": key if key is not None else str(data.get("id", "")), "data": data}
-    transaction.on_commit(partial(outbox.put, group, event))
+    transaction.on_commit(partial(outbox.put, group, event, prompt))
 
 
 def publish_access_changed(user_id: int) -> None:
@@ -50,26 +53,27 @@ class Outbox:
         """Deliver on this event loop (the ASGI server's, where websocket consumers live)."""
         self._loop = loop
 
-    def put(self, group: str, event: dict) -> None:
+    def put(self, group: str, event: dict, prompt: bool = False) -> None:
         with self._lock:
             per_group = self._events.setdefault(group, {})
             per_group.pop((event["kind"], event["key"]), None)  # keep the latest, in arrival order
             per_group[(event["kind"], event["key"])] = event
             now = time.monotonic()
-            if self._scheduled_at is not None and now - self._scheduled_at < STALE_FLUSH_S:
+            if not prompt and self._scheduled_at is not None and now - self._scheduled_at < STALE_FLUSH_S:
                 return
             self._scheduled_at = now
-        self._schedule()
+        # a prompt event's flush runs now; one already scheduled finds what came after it, if anything
+        self._schedule(0.0 if prompt else COALESCE_WINDOW_S)
 
-    def _schedule(self) -> None:
+    def _schedule(self, delay: float) -> None:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         loop = self._loop
         if loop is not None and not loop.is_closed() and loop.is_running():
-            loop.call_soon_threadsafe(loop.call_later, COALESCE_WINDOW_S, self._flush_on_loop)
+            loop.call_soon_threadsafe(loop.call_later, delay, self._flush_on_loop)
         elif not isinstance(get_channel_layer(), InMemoryChannelLayer):
             # A process without websocket clients (a Celery worker): send through Redis.
-            timer = threading.Timer(COALESCE_WINDOW_S, self._flush_blocking)
+            timer = threading.Timer(delay, self._flush_blocking)
             timer.daemon = True
             timer.start()
         else:

@@ -28,20 +28,22 @@ class SimCluster:
     nodes: dict[str, Node]
     seqs: dict[str, int] = field(default_factory=dict)
 
-    def window(self, faults: str = "none", seed: int = 3):
-        """One simulated window's observations and its ground truth (same pairs for a seed)."""
-        scenario = simulate(self.topology, WindowConfig(faults=faults, seed=seed, peers_per_nic=6, sent=100,
-                                                        window_s=WINDOW_S, noisy_hosts=0))
+    def window(self, faults: str = "none", seed: int = 3, window_s: float = WINDOW_S):
+        """One simulated window's observations and its ground truth (same pairs for a seed);
+        a probe every 10 ms per pair."""
+        scenario = simulate(self.topology, WindowConfig(faults=faults, seed=seed, peers_per_nic=6,
+                                                        sent=round(100 * window_s), window_s=window_s, noisy_hosts=0))
         return scenario.observations, scenario.truth
 
-    def post_window(self, observations: dict, index: int, hosts: list[str] | None = None) -> list[int]:
-        """Post window `index` (start T0 + index s) as each host's agent would; the status codes."""
-        start_ns = T0_NS + index * int(WINDOW_S * 1e9)
-        by_host = records_by_host(self.topology, observations, start_ns)
+    def post_window(self, observations: dict, index: int, hosts: list[str] | None = None,
+                    window_s: float = WINDOW_S) -> list[int]:
+        """Post window `index` (start T0 + index windows) as each host's agent would; the status codes."""
+        start_ns = T0_NS + index * int(window_s * 1e9)
+        by_host = records_by_host(self.topology, observations, start_ns, window_s)
         codes = []
         for host in hosts or sorted(by_host):
             seq = self.seqs[host] = self.seqs.get(host, 0) + 1
-            records = [{"kind": "probe.window", "ts": start_ns / 1e9 + WINDOW_S + 0.01, "data": r}
+            records = [{"kind": "probe.window", "ts": start_ns / 1e9 + window_s + 0.01, "data": r}
                        for r in by_host[host]]
             codes.append(post(self.credentials[host], seq, records).status_code)
         return codes

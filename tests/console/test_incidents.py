@@ -82,6 +82,35 @@ def test_a_link_fault_opens_one_incident_naming_it_and_clean_windows_resolve_it(
     assert incident.events.filter(kind="resolved").count() == 1
 
 
+def test_short_windows_are_judged_on_the_evidence_of_the_last_second(sim, django_capture_on_commit_callbacks):
+    faulty, truth = sim.window("link_loss:1", seed=3, window_s=0.25)
+    healthy, _ = sim.window("none", seed=3, window_s=0.25)
+    for i, observations in enumerate([faulty] * 5):
+        with django_capture_on_commit_callbacks(execute=True):
+            assert set(sim.post_window(observations, i, window_s=0.25)) == {202}
+    windows = list(ProbeWindow.objects.filter(cluster=sim.cluster).order_by("start_ns"))
+    assert [w.state for w in windows] == [WindowState.DONE] * 5
+    assert [w.summary["evidence"]["windows"] for w in windows] == [1, 2, 3, 4, 4]  # services.EVIDENCE_S: 1 s
+    assert windows[4].summary["evidence"]["from_start_ns"] == windows[1].start_ns
+    incident = Incident.objects.get()
+    assert (incident.kind, incident.culprit) == (truth["culprits"][0]["kind"], truth["culprits"][0]["name"])
+    # the evidence of the window it opened on is that window's span: each pair's probes of all of it
+    opened = incident.events.get(kind="opened").data["window_start_ns"]
+    spanned = next(w for w in windows if w.start_ns == opened).summary["evidence"]["windows"]
+    sent = {(p["src"], p["dst"]): p["sent"] for p in faulty["probes"]}
+    assert all(p["sent"] == spanned * sent[(p["src"], p["dst"])] for p in incident.evidence["during"])
+    # clean windows: resolved 5 s (services.HYSTERESIS.clear_s) after the last span holding the
+    # fault, the three after the last faulty window included
+    clean = 0
+    while incident.state != IncidentState.RESOLVED and clean < 40:
+        with django_capture_on_commit_callbacks(execute=True):
+            sim.post_window(healthy, 5 + clean, window_s=0.25)
+        clean += 1
+        incident.refresh_from_db()
+    assert services.HYSTERESIS.clear_s / 0.25 <= clean <= services.HYSTERESIS.clear_s / 0.25 + 3
+    assert Incident.objects.count() == 1
+
+
 def test_a_flapping_fault_is_one_incident_that_reopens(sim, django_capture_on_commit_callbacks):
     faulty, truth = sim.window("link_loss:1", seed=3)
     healthy, _ = sim.window("none", seed=3)

@@ -42,7 +42,7 @@ def test_nothing_is_published_when_the_transaction_rolls_back():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_is_coalesced_latest_per_key_and_collapsed_to_a_refresh_past_the_limit(settings, monkeypatch):
-    monkeypatch.setattr(outbox, "_schedule", lambda: None)  # inspect the outbox instead of sending
+    monkeypatch.setattr(outbox, "_schedule", lambda delay: None)  # inspect the outbox instead of sending
     with transaction.atomic():
         for state in ("enrolling", "ready", "lost"):
             publish(1, 2, "node", {"id": 5, "state": state})
@@ -63,6 +63,23 @@ def test_a_burst_is_coalesced_latest_per_key_and_collapsed_to_a_refresh_past_the
 
     asyncio.run(burst())
     assert received[0]["events"] == [{"kind": "refresh", "key": "", "data": {"coalesced": 51}}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prompt_event_is_sent_at_once_with_what_is_pending_and_others_wait_to_coalesce(monkeypatch):
+    from console.live.publish import COALESCE_WINDOW_S
+
+    outbox.take()
+    flushes = []
+    monkeypatch.setattr(outbox, "_schedule", flushes.append)
+    with transaction.atomic():
+        publish(1, 2, "element", {"id": 1, "health": "down"})
+        publish(1, 2, "probe_window", {"id": 7}, key="latest")
+    assert flushes == [COALESCE_WINDOW_S]  # one flush for the burst, after the coalescing wait
+    with transaction.atomic():
+        publish(1, 2, "incident", {"id": 3, "state": "open"}, prompt=True)
+    assert flushes == [COALESCE_WINDOW_S, 0.0]  # not held back by the flush already scheduled
+    assert [e["kind"] for e in outbox.take()["o1.c2"]] == ["element", "probe_window", "incident"]
 
 
 async def _connect(user):

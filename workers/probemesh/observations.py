@@ -181,7 +181,7 @@ def _settled(r: dict, received: dict[tuple[str, str], int]) -> list[dict]:
     for p in probes:
         if p["via"] != "probe" or not p.get("unresolved"):
             continue
-        got = received.get((p["src"], p["dst"]))
+        got = received.get((r["start_ns"], p["src"], p["dst"]))
         echo = echoes.get((p["dst"], p["src"]))
         if got is not None and echo is not None:
             # the responder had these: their echoes were lost, not the probes
@@ -201,16 +201,34 @@ def _settled(r: dict, received: dict[tuple[str, str], int]) -> list[dict]:
     return out
 
 
+def _paths_by_route(breakdown: list[dict]) -> list[dict]:
+    """Per-path counts of several windows, added up by path, lossiest first."""
+    merged: dict = {}
+    for g in breakdown:
+        route = tuple(g["path"]) if g.get("path") is not None else None
+        if route in merged:
+            merged[route] = {**merged[route], "sent": merged[route]["sent"] + g["sent"],
+                             "lost": merged[route]["lost"] + g["lost"]}
+        else:
+            merged[route] = dict(g)
+    return sorted(merged.values(), key=lambda g: (-g["lost"], -g["sent"]))
+
+
 def merge_records(records: list[dict], *, half_rtt: bool = True) -> Pairs:
-    """The merged pairs of one window's records, already valid (`check_record`, one start_ns):
-    the console checks each record once, as it arrives, and merges the window from its rows."""
-    start = records[0]["start_ns"] if records else None
-    received: dict[tuple[str, str], int] = {}
+    """The merged pairs of one window's records, already valid (`check_record`): the console
+    checks each record once, as it arrives, and merges the window from its rows.
+
+    Records of several consecutive windows of the same length merge into one span (an
+    incident's evidence over short windows): per pair the counts add up, delays are weighted by
+    their samples, a path is kept when every entry gives it, per-path breakdowns add up by path;
+    `start_ns` is the oldest window's and `window_s` runs to the newest one's end."""
+    starts = sorted({r["start_ns"] for r in records})
+    start = starts[0] if starts else None
+    received: dict[tuple[int, str, str], int] = {}  # (window, src, dst NIC) -> probes the responder had
     for r in records:
         for rx in r.get("received", ()):
-            if rx.get("start_ns", start) == start:
-                key = (rx["src"], r["nic"])
-                received[key] = received.get(key, 0) + rx["probes"]
+            key = (rx.get("start_ns", r["start_ns"]), rx["src"], r["nic"])
+            received[key] = received.get(key, 0) + rx["probes"]
     entries = [e for r in records for e in _settled(r, received)]
     n = len(entries)
     src_names = [e["src"] for e in entries]
@@ -269,8 +287,14 @@ def merge_records(records: list[dict], *, half_rtt: bool = True) -> Pairs:
     for i, e in enumerate(entries):
         if e.get("paths"):
             paths.setdefault(int(group[i]), []).extend(e["paths"])
+    if len(starts) > 1:
+        paths = {k: _paths_by_route(v) for k, v in paths.items()}
+    window_s = None
+    if records:
+        newest = max(records, key=lambda r: r["start_ns"])
+        window_s = round((newest["start_ns"] - start) / 1e9 + newest["window_s"], 6) if len(starts) > 1 \
+            else records[0]["window_s"]
     keep = np.flatnonzero(g_sent > 0)
     merged = Pairs(names, pair_keys // width, pair_keys % width, g_sent, g_lost,
-                   add(unresolved), add(late), p50, p99, not_clock == 0, path, paths,
-                   start, records[0]["window_s"] if records else None)
+                   add(unresolved), add(late), p50, p99, not_clock == 0, path, paths, start, window_s)
     return merged if len(keep) == g else merged.take(keep)
