@@ -70,7 +70,8 @@ def _pct(values, q) -> float:
 def _console_env(out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(SQLITE_PATH=str(out / "console.sqlite3"), LOCKSTEP_VAR_DIR=str(out / "var"), LOCKSTEP_HTTPS="0",
-               PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="console.settings")
+               PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="console.settings",
+               DEBUG=os.environ.get("DEBUG", "true"))  # a throwaway console: its dev secret key
     return env
 
 

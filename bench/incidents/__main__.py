@@ -25,6 +25,7 @@ def setup_django(tmp: Path) -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["SQLITE_PATH"] = str(tmp / "bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DEBUG", "true")  # a throwaway console: its dev secret key, as the demo's
     import django
     from django.core.management import call_command
 
