@@ -111,7 +111,7 @@ def test_every_change_is_published_live_to_the_cluster(fleet, django_capture_on_
     from console.live import publish as live
 
     sent = []
-    monkeypatch.setattr(live.outbox, "put", lambda group, ev: sent.append((group, ev["kind"])))
+    monkeypatch.setattr(live.outbox, "put", lambda group, ev, prompt=False: sent.append((group, ev["kind"])))
     with django_capture_on_commit_callbacks(execute=True):
         everything(fleet)
     group = f"o{fleet.node.organization_id}.c{fleet.cluster.pk}"
