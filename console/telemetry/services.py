@@ -179,7 +179,7 @@ def _store(node: Node, seq: int, dropped: int, records: list[Parsed]) -> tuple[i
             for kind, ts, _data, text in chunk:
                 params += [now, now, *placement, batch_id, kind, ops.adapt_datetimefield_value(ts), text]
             cursor.execute(_INSERT_RECORDS + ", ".join([_RECORD_ROW] * len(chunk)) + " RETURNING id", params)
-            ids += [r[0] for r in cursor.fetchall()]
+            ids += [r[0] for r in cursor.fetchall()]  # in the rows' order, as Django's bulk_create relies on
         cursor.execute(_UPDATE_NODE, [dropped, seq, seq, node.organization_id, node.pk])
     return batch_id, ids
 
