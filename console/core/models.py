@@ -373,14 +373,3 @@ class Health(models.TextChoices):
     DEGRADED = "degraded", "Degraded"
     DOWN = "down", "Down"
     UNKNOWN = "unknown", "Unknown"
-
-
-class RowsJSONField(models.JSONField):
-    """A JSONField that a bulk insert on PostgreSQL sends as rows of VALUES, not as one
-    UNNEST(jsonb[]) array (Django's choice for plain fields): psycopg quotes every element of
-    such an array in Python, a regex substitution per quote character of the JSON, which cost
-    a 1,024-NIC probe window 4 s of its 128 telemetry batches. (Having `get_placeholder` is
-    what makes Django keep the VALUES form.)"""
-
-    def get_placeholder(self, value, compiler, connection) -> str:
-        return "%s"

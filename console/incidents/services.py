@@ -26,9 +26,10 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 import numpy as np
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
+from console.core import scoping
 from console.core.errors import Conflict, Invalid
 from console.core.models import Health
 from console.fleet.inventory import LINK_HEALTH
@@ -87,40 +88,70 @@ def add_probe_records(stored: StoredRecords) -> list[int]:
     """File a batch's probe.window records into their cluster windows; returns the ids of the
     windows this queued for triangulation (each record is of the node's own NIC: its kind's
     node check refused the batch otherwise). The kind's `file` step: it runs in the batch's
-    transaction, so a batch and its windows' counts are one commit."""
+    transaction, so a batch and its windows' counts are one commit. A window's count is taken
+    by one UPDATE ... RETURNING (its row lock orders concurrent batches; no read first), and the
+    batch that completes it is the one whose conditional update moves it to queued."""
     by_start: dict[int, list] = {}
     for record in stored.records:
         by_start.setdefault(record.data["start_ns"], []).append(record)
     if not by_start:
         return []
+    scoping.require_writable(stored.organization_id, "filing probe records into their windows")
     queued: list[int] = []
-    reports: list[ProbeReport] = []
+    reports: list[tuple[int, int, str]] = []
     started = False
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         for start_ns, records in sorted(by_start.items()):
-            window = ProbeWindow.objects.select_for_update().filter(cluster_id=stored.cluster_id,
-                                                                    start_ns=start_ns).first()
-            if window is None:  # the window's first batch: how many NICs it waits for is counted once
-                window, created = ProbeWindow.objects.select_for_update().get_or_create(
+            counted = _count_reports(stored.organization_id, stored.cluster_id, start_ns, len(records))
+            if counted is None:  # the window's first batch: how many NICs it waits for is counted once
+                window, created = ProbeWindow.objects.get_or_create(
                     cluster_id=stored.cluster_id, start_ns=start_ns,
                     defaults={"organization_id": stored.organization_id, "window_s": records[0].data["window_s"],
-                              "expected": expected_nics(stored.cluster_id)})
+                              "expected": expected_nics(stored.cluster_id), "reported": len(records)})
                 started |= created
-            window.reported += len(records)
-            update = ["reported"]
-            if window.state == WindowState.FILLING and window.reported >= max(1, window.expected):
-                window.state = WindowState.QUEUED
-                update.append("state")
-                queued.append(window.pk)
-            window.save(update_fields=update)
-            reports += [ProbeReport(organization_id=stored.organization_id, cluster_id=stored.cluster_id, window=window,
-                                    record_id=record.id, nic=record.data["nic"]) for record in records]
-        ProbeReport.objects.bulk_create(reports)
+                counted = (window.pk, window.reported, window.expected, window.state) if created else \
+                    _count_reports(stored.organization_id, stored.cluster_id, start_ns, len(records))
+            window_id, reported, expected, state = counted
+            if state == WindowState.FILLING and reported >= max(1, expected) and ProbeWindow.objects.filter(
+                    pk=window_id, state=WindowState.FILLING).update(state=WindowState.QUEUED):
+                queued.append(window_id)
+            reports += [(window_id, record.id, record.data["nic"]) for record in records]
+        _insert_reports(stored.organization_id, stored.cluster_id, reports)
         if started:  # a newer window may make older ones overdue
             queued += _queue_overdue(stored.cluster_id, max(by_start))
     for window_id in queued:
         _enqueue(stored.organization_id, window_id)
     return queued
+
+
+def _count_reports(organization_id: int, cluster_id: int, start_ns: int, n: int) -> tuple | None:
+    """Add `n` reports to the cluster's window starting at `start_ns`: (id, reported, expected,
+    state) after, or None when there is no such window yet. Scoped by its organization and
+    cluster in the statement itself (the ORM's update returns no row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE incidents_probewindow SET reported = reported + %s "
+                       "WHERE organization_id = %s AND cluster_id = %s AND start_ns = %s "
+                       "RETURNING id, reported, expected, state", [n, organization_id, cluster_id, start_ns])
+        return cursor.fetchone()
+
+
+_INSERT_REPORTS = ("INSERT INTO incidents_probereport (created, updated, organization_id, cluster_id, window_id, "
+                   "record_id, nic) VALUES ")
+_REPORT_ROW = "(%s, %s, %s, %s, %s, %s, %s)"
+_REPORTS_PER_INSERT = 140  # seven parameters a row: within SQLite's 999 on old builds
+
+
+def _insert_reports(organization_id: int, cluster_id: int, reports: list[tuple[int, int, str]]) -> None:
+    """The ProbeReport rows (window id, record id, NIC) of a batch, in the batch's organization
+    and cluster: the windows are those its count matched there, the records the batch's own."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        for start in range(0, len(reports), _REPORTS_PER_INSERT):
+            chunk = reports[start:start + _REPORTS_PER_INSERT]
+            params = []
+            for window_id, record_id, nic in chunk:
+                params += [now, now, organization_id, cluster_id, window_id, record_id, nic]
+            cursor.execute(_INSERT_REPORTS + ", ".join([_REPORT_ROW] * len(chunk)), params)
 
 
 def _queue_overdue(cluster_id: int, newest_start_ns: int) -> list[int]:

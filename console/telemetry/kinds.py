@@ -22,6 +22,9 @@ are registered in `console.commands.registry`:
 - `check_node(node, records)` (optional) checks a batch's records of the kind against the node
   that posts them (`records`: `[(index in the batch, data)]`), before anything is stored: a probe
   window must name the node's own NICs. It raises `KindInvalid(field, problem, index=i)`.
+- `max_bytes` (optional): the record's data, as the JSON it is stored as, is at most this long
+  (`records[3].data: is 2000000 bytes as JSON; at most 1048576`); data that holds a number
+  that is not finite is refused for every kind.
 - `file(stored)` (optional) runs inside the batch's transaction, after its records are inserted,
   with the records of its kind (in the caller's scope: the node's organization): rows a feature
   keeps with the batch, stored with it or not at all, in the batch's one commit (a probe window's
@@ -120,6 +123,9 @@ class TelemetryKind:
     handlers: list[Handler] = field(default_factory=list)
     check_node: NodeCheck | None = None
     file: Handler | None = None
+    # The record's data as JSON at most this long, checked on the encoding it is stored with (a
+    # kind whose records are big says so here rather than encoding them again in `validate`).
+    max_bytes: int | None = None
     # A stand-in registered by the console for a forwarded event kind; a feature's own
     # registration of the same name replaces it.
     generic: bool = False

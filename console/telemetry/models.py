@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from console.core.models import ClusterOwnedModel, RowsJSONField
+from console.core.models import ClusterOwnedModel
 
 __all__ = ["TelemetryBatch", "TelemetryRecord"]
 
@@ -64,7 +64,7 @@ class TelemetryRecord(ClusterOwnedModel):
     ts = models.DateTimeField(
         verbose_name="measured at",
     )
-    data = RowsJSONField(
+    data = models.JSONField(
         verbose_name="data",
         default=dict,
     )

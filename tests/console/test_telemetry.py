@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connection, connections
 from django.test import AsyncClient, Client
 
 from api.agent import views
+from console.core import scoping
 from console.core.asyncdb import FairSlots
 from console.fleet.models import Node
+from console.telemetry import kinds
+from console.telemetry import services as telemetry_store
 from console.telemetry.models import TelemetryBatch, TelemetryRecord
-from tests.conftest import TEST_KIND
+from tests.conftest import TEST_KIND, needs_postgres
 from tests.factories import make_fleet
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("test_telemetry_kind")]
@@ -44,6 +48,33 @@ def test_a_batch_is_stored_and_a_retry_of_it_is_not(fleet):
     assert TelemetryRecord.objects.filter(node=fleet.node, kind=TEST_KIND).count() == 3
     node = Node.objects.get(pk=fleet.node.pk)
     assert node.telemetry_dropped == 4 and node.telemetry_seq == 2
+
+
+@needs_postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_same_batch_sent_twice_at_once_is_stored_once(world):
+    fleet = make_fleet(world.acme)
+    barrier = threading.Barrier(2)
+    results: list = []
+
+    def send() -> None:  # a request's database thread: its own connection and scope
+        try:
+            barrier.wait()
+            with scoping.for_organization(fleet.node.organization_id):
+                results.append(telemetry_store.ingest(fleet.node, {"seq": 7, "records": _records(5)}, 100))
+        except Exception as exc:  # the test's assertion names it
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted((r.accepted, r.duplicate) for r in results) == [(0, True), (5, False)], results
+    assert TelemetryBatch.objects.filter(node=fleet.node, seq=7).count() == 1
+    assert TelemetryRecord.objects.filter(node=fleet.node, kind=TEST_KIND).count() == 5
 
 
 def test_an_oversize_body_is_refused_with_413_and_nothing_stored(fleet, settings):
@@ -87,6 +118,24 @@ def test_a_malformed_batch_names_the_bad_field_and_stores_nothing(fleet, body, f
     assert list(response.json()["fields"]) == [field]
     assert TelemetryRecord.objects.count() == before
     assert not TelemetryBatch.objects.filter(seq=5).exists()
+
+
+def test_a_record_longer_than_its_kind_allows_is_refused_by_name_and_nothing_stored(fleet, monkeypatch):
+    monkeypatch.setattr(kinds.get(TEST_KIND), "max_bytes", 64)
+    body = {"seq": 5, "records": [*_records(2), {"kind": TEST_KIND, "ts": 1796403600, "data": {"x": "y" * 80}}]}
+    response = _post(fleet, body)
+    assert response.status_code == 400
+    assert list(response.json()["fields"]) == ["records[2].data"]
+    assert "bytes as JSON; at most 64" in response.json()["detail"]
+    assert not TelemetryBatch.objects.filter(seq=5).exists()
+    assert not TelemetryRecord.objects.filter(node=fleet.node, kind=TEST_KIND).exists()
+    # data no JSON can hold, from a caller of ingest other than the endpoint, past a lenient validator
+    monkeypatch.setattr(kinds.get(TEST_KIND), "validate", lambda data: data)
+    with scoping.for_organization(fleet.node.organization_id), pytest.raises(
+            telemetry_store.BatchInvalid, match=r"records\[0\].data: holds a number that is not finite"):
+        telemetry_store.ingest(fleet.node, {"seq": 6, "records": [
+            {"kind": TEST_KIND, "ts": 1796403600, "data": {"x": float("nan")}}]}, 100)
+    assert not TelemetryBatch.objects.filter(seq=6).exists()
 
 
 def test_a_body_that_is_not_json_is_refused(fleet):
