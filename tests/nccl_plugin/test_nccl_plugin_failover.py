@@ -203,6 +203,30 @@ def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_thr
         assert results["send"]["null_requests"] > 0  # the full ring said "retry", never blocked
 
 
+@pytest.mark.parametrize("eager_bytes", [0, 64 << 10])
+def test_messages_sent_ahead_of_their_receives_stay_intact_through_a_failover(pair, plugin_lib, agent, eager_bytes):
+    # 0: nothing is sent before its receive is posted (credits only); 64 KiB: small messages go
+    # eagerly until the buffer is full, larger ones wait for their receive, and chunks stored
+    # eagerly must survive the failover's resends (dropped as duplicates, never stored twice)
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "23",
+                   env={"LOCKSTEP_NCCL_EAGER_BYTES": str(eager_bytes)})
+    try:
+        run.wait_received(16 << 20, "data before the fault")
+        away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+        pair.link("a", "nh0", up=False)
+        wait_for(lambda: len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) > away, WAIT_S,
+                 "failover to the standby")
+        run.wait_received(16 << 20, "data over the standby")
+        pair.link("a", "nh0", up=True)
+        run.wait_received(8 << 20, "data after the primary returned")
+        run.stop()
+        results = run.finish()
+    finally:
+        pair.link("a", "nh0", up=True)
+        run.cleanup()
+    _assert_intact(results)
+
+
 def _validated(kind: str, data: dict) -> dict:
     return kinds.get(f"event.{kind}").validate(data)
 
