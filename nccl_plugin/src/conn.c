@@ -101,6 +101,13 @@ static void chunk_written(ls_comm *c, const ls_chunk *ch) {
     if (w->seq == ch->seq) w->inflight = 0;
 }
 
+/* The eager buffer counts a chunk once however many copies read into it (plugin.h ls_eager). */
+static void eager_unref(ls_comm *c, ls_eager *e) {
+    if (--e->refs) return;
+    c->eager_held -= e->len;
+    free(e);
+}
+
 void ls_stream_close(ls_comm *c, ls_stream *s) {
     if (s->fd < 0) return;
     ls_sock_abort(s->fd);
@@ -112,8 +119,7 @@ void ls_stream_close(ls_comm *c, ls_stream *s) {
     }
     int had = s->tx_n;
     free(s->rx_stage);
-    if (s->rx_eager) c->eager_held -= s->rx_eager->len;
-    free(s->rx_eager);
+    if (s->rx_eager) eager_unref(c, s->rx_eager);
     memset(s, 0, sizeof *s);
     s->fd = -1;
     if (had) ls_msgs_free(c);
@@ -166,7 +172,9 @@ static int match_credit(ls_comm *c, ls_msg *m) {
 
 /* Eager: a message whose receive is not known yet is sent anyway while the receiver's eager
  * buffer has room for it (charged whole at its first chunk, until the receiver says it matched
- * it); else it waits for its credit. */
+ * it); else it waits for its credit. A message the receiver has matched already (its count can
+ * come on another path before the credit) is never charged: its chunks go straight to its
+ * buffer there, and a charge made now would never be released. */
 static void sender_match(ls_comm *c) {
     while (c->smatched < c->next_msg && match_credit(c, &c->msgs[c->smatched % LS_MAX_MSGS])) c->smatched++;
 }
@@ -175,7 +183,7 @@ static void make_chunks(ls_comm *c) {
     sender_match(c);
     while (c->next_chunk_msg < c->next_msg && c->seq_next - c->seq_acked < LS_WINDOW) {
         ls_msg *m = &c->msgs[c->next_chunk_msg % LS_MAX_MSGS];
-        if (!m->matched && !m->eager) {
+        if (!m->matched && !m->eager && c->next_chunk_msg >= c->peer_matched) {
             uint64_t charge = m->size + LS_EAGER_OVERHEAD;
             if (c->eager_charged + charge > c->peer_eager) return;
             m->eager = 1;
@@ -321,11 +329,8 @@ static void seq_received(ls_comm *c, uint64_t seq) {
             if (o->fd >= 0 && o->rx_in_payload && !o->rx_discard && o->rx_hdr.a == seq) {
                 o->rx_discard = 1;
                 o->rx_dest = NULL;
-                if (o->rx_eager) {
-                    c->eager_held -= o->rx_eager->len;
-                    free(o->rx_eager);
-                    o->rx_eager = NULL;
-                }
+                if (o->rx_eager) eager_unref(c, o->rx_eager);
+                o->rx_eager = NULL;
                 c->dup_chunks++;
             }
         }
@@ -334,8 +339,7 @@ static void seq_received(ls_comm *c, uint64_t seq) {
 static void place_eager(ls_comm *c, ls_req *r, int slot, ls_eager *e) {
     if (e->len) memcpy((char *)r->bufs[slot] + e->off, e->data, e->len);
     r->got[slot] += e->len;
-    c->eager_held -= e->len;
-    free(e);
+    eager_unref(c, e);
 }
 
 /* Messages are matched in message order to posted receives in posting order (a receive's
@@ -372,14 +376,23 @@ void ls_rmatch(ls_comm *c) {
                 ls_eager *e = o->rx_eager;
                 if (o->fd < 0 || !e || o->rx_hdr.msg != k) continue;
                 o->rx_dest = (char *)r->bufs[slot] + e->off;
-                if (o->rx_payload_got) memcpy(o->rx_dest, e->data, o->rx_payload_got);
-                c->eager_held -= e->len;
-                free(e);
+                if (o->rx_payload_got) memcpy(o->rx_dest, e->data, o->rx_payload_got); /* what this copy read */
                 o->rx_eager = NULL;
+                eager_unref(c, e);
             }
         c->rmatched++;
         req_check_done(r);
     }
+}
+
+/* Another stream's copy of chunk `seq` being read into the eager buffer, if any. */
+static ls_eager *eager_being_read(ls_comm *c, uint64_t seq) {
+    for (int p = 0; p < c->npaths; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *o = &c->paths[p].streams[s];
+            if (o->fd >= 0 && o->rx_in_payload && o->rx_eager && o->rx_eager->seq == seq) return o->rx_eager;
+        }
+    return NULL;
 }
 
 static void on_data_header(ls_comm *c, ls_stream *s) {
@@ -414,12 +427,16 @@ static void on_data_header(ls_comm *c, ls_stream *s) {
         s->rx_dest = (char *)r->bufs[slot] + h->c;
         return;
     }
-    if (c->eager_held + h->len > ls_cfg.eager_bytes)
-        return protocol_error(c, ncclInternalError, "the sender overran the eager buffer");
-    ls_eager *e = malloc(sizeof *e + h->len);
-    if (!e) return protocol_error(c, ncclSystemError, "out of memory for an eager chunk");
-    *e = (ls_eager){.off = h->c, .len = h->len};
-    c->eager_held += h->len;
+    ls_eager *e = eager_being_read(c, seq);
+    if (e) {
+        e->refs++; /* the same bytes at the same places: one copy in the buffer */
+    } else {
+        if (c->eager_held + h->len > ls_cfg.eager_bytes)
+            return protocol_error(c, ncclInternalError, "the sender overran the eager buffer");
+        if (!(e = malloc(sizeof *e + h->len))) return protocol_error(c, ncclSystemError, "out of memory for an eager chunk");
+        *e = (ls_eager){.seq = seq, .off = h->c, .len = h->len, .refs = 1};
+        c->eager_held += h->len;
+    }
     s->rx_eager = e;
     s->rx_discard = 0;
     s->rx_dest = e->data;
@@ -861,7 +878,7 @@ void ls_comm_free(ls_comm *c) {
         for (int s = 0; s < LS_MAX_STREAMS; s++) {
             if (c->paths[p].streams[s].fd >= 0) close(c->paths[p].streams[s].fd);
             free(c->paths[p].streams[s].rx_stage);
-            free(c->paths[p].streams[s].rx_eager);
+            if (c->paths[p].streams[s].rx_eager) eager_unref(c, c->paths[p].streams[s].rx_eager);
         }
         if (c->paths[p].listen_fd >= 0) close(c->paths[p].listen_fd);
     }
@@ -870,7 +887,7 @@ void ls_comm_free(ls_comm *c) {
     for (int k = 0; k < LS_MAX_MSGS; k++)
         for (ls_eager *e = c->rmsgs[k].head, *next; e; e = next) {
             next = e->next;
-            free(e);
+            eager_unref(c, e);
         }
     free(c->ring);
     if (c->wake_fd >= 0) close(c->wake_fd);

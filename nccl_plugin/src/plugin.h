@@ -187,7 +187,8 @@ typedef struct {
     uint64_t ring_end;   /* ring counter past its bytes: the ring is free up to here once it is acked */
     size_t chunk_off;    /* next byte to cut into a chunk */
     int matched;
-    int eager;           /* cut before its receive was known: charged to the peer's eager buffer */
+    int eager;           /* charged to the peer's eager buffer (cut before its receive was known
+                          * and before the receiver matched it); released once, on the match */
     uint32_t rindex, slot;
     uint64_t last_seq;   /* valid once every chunk is cut */
     int inflight;        /* its chunks being written right now (its bytes must stay) */
@@ -203,10 +204,14 @@ typedef struct {
     int tag;
 } ls_chunk;
 
-/* Receiver: a chunk that arrived before its message was matched to a posted receive. */
+/* Receiver: a chunk that arrived before its message was matched to a posted receive. Two
+ * copies of one chunk read at once (a resend over another stream while the first copy is still
+ * coming) share it, so the eager buffer holds each chunk once, as the sender charged it. */
 typedef struct ls_eager {
     struct ls_eager *next;
+    uint64_t seq;
     size_t off, len;
+    int refs;               /* streams reading into it, plus its message's list once complete */
     char data[];
 } ls_eager;
 
@@ -333,8 +338,8 @@ ls_comm *ls_comm_new(int is_send, int dev);
 int ls_comm_start(ls_comm *c);     /* starts the progress thread */
 void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
-void ls_msgs_free(ls_comm *c);
-void ls_rmatch(ls_comm *c);      /* receiver: match known messages to posted receives, copy eager chunks */     /* acknowledged messages give their ring space back */
+void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring space back */
+void ls_rmatch(ls_comm *c);        /* receiver: match known messages to posted receives, copy eager chunks */
 enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
 void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
 void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */

@@ -227,6 +227,30 @@ def test_messages_sent_ahead_of_their_receives_stay_intact_through_a_failover(pa
     _assert_intact(results)
 
 
+def test_a_chunk_resent_while_its_first_copy_is_still_coming_is_held_once_in_the_eager_buffer(pair, plugin_lib):
+    # A failover resends a chunk whose first copy may still be coming on the old path; the
+    # receiver read both into its eager buffer and counted the chunk twice ("the sender overran
+    # the eager buffer", an error from irecv, met by chance in the 30-flap test). dupchunk.py
+    # makes that interleaving every time: a sender speaking the wire protocol sends one 16 MiB
+    # eager chunk as two copies on two streams, both headers read before either copy is whole,
+    # into a 24 MiB eager buffer; then a second 16 MiB message ahead of its receive, which only
+    # fits if the first one's copies left nothing behind.
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0", LOCKSTEP_AGENT_SOCKET="none",
+               LOCKSTEP_NCCL_EAGER_BYTES=str(24 << 20), LOCKSTEP_NCCL_HEARTBEAT_MS="60000")
+    argv = [sys.executable, str(Path(HARNESS).parent / "dupchunk.py"), "--lib", str(plugin_lib), "--size", str(16 << 20)]
+    proc = pair.popen("b", argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.strip(), err
+    result = json.loads(out.splitlines()[-1])
+    assert result["ok"] and proc.returncode == 0, (result, err[-3000:])
+    assert result["bytes"] == 32 << 20 and result["eager_bytes"] == 24 << 20
+
+
 def _validated(kind: str, data: dict) -> dict:
     return kinds.get(f"event.{kind}").validate(data)
 
@@ -299,9 +323,13 @@ FLAP_DOWN_S = (0.05, 0.2, 0.35, 0.1, 0.5)
 FLAP_UP_S = (0.05, 0.15, 0.25, 0.4, 0.3, 0.6)
 
 
-def test_thirty_quick_flaps_lose_nothing_and_traffic_ends_on_the_primary(pair, plugin_lib, agent):
+# The default eager buffer (8 MiB), and one of 256 KiB with 64 KiB chunks: nearly every small
+# message then waits in it while the flaps resend chunks into it.
+@pytest.mark.parametrize("eager", [{}, {"LOCKSTEP_NCCL_EAGER_BYTES": str(256 << 10), "LOCKSTEP_NCCL_CHUNK_BYTES": str(64 << 10)}],
+                         ids=["default", "small-eager"])
+def test_thirty_quick_flaps_lose_nothing_and_traffic_ends_on_the_primary(pair, plugin_lib, agent, eager):
     run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "17",
-                   env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "200", "LOCKSTEP_NCCL_DEBUG": "1"})  # a failure shows the log
+                   env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "200", "LOCKSTEP_NCCL_DEBUG": "1", **eager})  # a failure shows the log
     lossy = False
     try:
         run.wait_received(16 << 20, "data before the flapping")
