@@ -58,7 +58,9 @@ void ls_comm_wake(ls_comm *c) {
 
 /* ---- control frames ---- */
 
-int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len) {
+static int queue_frame(ls_stream *s, const ls_hdr *hp, const void *payload) {
+    ls_hdr h = *hp;
+    uint32_t len = h.len;
     if (s->fd < 0) return 0;
     if (s->tx_ctrl_off == s->tx_ctrl_len) s->tx_ctrl_off = s->tx_ctrl_len = 0;
     if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) { /* compact, then give up */
@@ -67,11 +69,24 @@ int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const voi
         s->tx_ctrl_off = 0;
         if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) return -1;
     }
-    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a, .b = b};
     memcpy(s->tx_ctrl + s->tx_ctrl_len, &h, sizeof h);
     if (len) memcpy(s->tx_ctrl + s->tx_ctrl_len + sizeof h, payload, len);
     s->tx_ctrl_len += sizeof h + len;
     return 0;
+}
+
+int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len) {
+    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a, .b = b};
+    return queue_frame(s, &h, payload);
+}
+
+/* Receiver: the buffers of the receive being filled that its matching gave a message. */
+static uint32_t taken_mask(const ls_comm *c) {
+    const ls_req *r = c->rrecv < c->recv_next ? c->recv_order[c->rrecv % LS_MAX_REQS] : NULL;
+    uint32_t mask = 0;
+    if (r && r->used && r->index == c->rrecv)
+        for (int j = 0; j < r->n; j++) mask |= (uint32_t)(r->taken[j] != 0) << j;
+    return mask;
 }
 
 /* Control frames of a path go on its stream 0. A path that cannot take one more has not moved
@@ -79,8 +94,15 @@ int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const voi
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len) {
     ls_path *p = &c->paths[path];
     if (p->state == LS_PATH_DOWN) return;
-    /* a receiver's frames all carry how many messages it has matched: that frees eager space */
-    if (ls_queue_ctrl(&p->streams[0], kind, a, c->is_send ? 0 : c->rmatched, payload, len) != 0) ls_path_dead(c, path, "control backlog");
+    /* a receiver's frames all carry its matching position: how many messages it has matched
+     * (that frees eager space), the receive it fills and that receive's buffers taken */
+    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a};
+    if (!c->is_send) {
+        h.b = c->rmatched;
+        h.c = c->rrecv;
+        h.d = taken_mask(c);
+    }
+    if (queue_frame(&p->streams[0], &h, payload) != 0) ls_path_dead(c, path, "control backlog");
 }
 
 void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
@@ -505,18 +527,53 @@ static void on_ack(ls_comm *c, uint64_t cum) {
     ls_msgs_free(c);
 }
 
+/* A receive whose buffers the receiver's position named before its credit came. */
+static void apply_resync(ls_comm *c) {
+    __typeof__(c->credits[0]) *cr = &c->credits[c->resync_index % (LS_MAX_REQS * 2)];
+    if (!c->resync_pending || cr->index1 != c->resync_index + 1) return;
+    for (int j = 0; j < cr->n; j++)
+        if (c->resync_taken >> j & 1 && !cr->used[j]) {
+            cr->used[j] = 1;
+            cr->nused++;
+        }
+    c->resync_pending = 0;
+}
+
 static void on_credit(ls_comm *c, const ls_hdr *h, const char *payload) {
-    if (h->a != c->credits_known) return; /* a replay over another path, already known */
-    if (c->credits_known - c->credit_cur >= LS_MAX_REQS * 2)
+    uint64_t k = h->a;
+    if (k < c->credit_cur) return; /* used already, or passed by the receiver's position */
+    if (k >= c->credit_cur + LS_MAX_REQS * 2)
         return protocol_error(c, ncclInternalError, "more receives posted than the plugin allows");
+    __typeof__(c->credits[0]) *cr = &c->credits[k % (LS_MAX_REQS * 2)];
+    if (cr->index1 == k + 1) return; /* a replay over another path, already known */
     int n = (int)(h->len / sizeof(ls_credit_slot));
     if (n < 1 || n > LS_MAX_RECVS) return protocol_error(c, ncclInternalError, "a credit with a bad count");
-    __typeof__(c->credits[0]) *cr = &c->credits[h->a % (LS_MAX_REQS * 2)];
     memset(cr, 0, sizeof *cr);
+    cr->index1 = k + 1;
     cr->n = n;
     memcpy(cr->slots, payload, (size_t)n * sizeof(ls_credit_slot));
-    c->credits_known++;
+    apply_resync(c);
+    while (c->credits[c->credits_known % (LS_MAX_REQS * 2)].index1 == c->credits_known + 1) c->credits_known++;
     /* at once: receives of eagerly sent messages complete at once, so their credits come fast */
+    sender_match(c);
+}
+
+/* The receiver's matching position (every frame of it carries one: plugin.h ls_hdr). Ahead of
+ * the sender's own matching, it is taken over: the receiver matched messages sent eagerly
+ * whose credits the sender does not have, maybe never will (lost with a path, their receives
+ * done since, so no replay brings them back); waiting for them in order would stop every
+ * message too large for the eager buffer for good. */
+static void on_position(ls_comm *c, uint64_t matched, uint64_t rrecv, uint32_t taken) {
+    if (matched <= c->smatched) return;
+    if (rrecv < c->credit_cur) return protocol_error(c, ncclInternalError, "a receiver position behind the sender's");
+    c->smatched = matched;
+    c->credit_cur = rrecv;
+    if (c->credits_known < rrecv) c->credits_known = rrecv;
+    c->resync_pending = 1;
+    c->resync_index = rrecv;
+    c->resync_taken = taken;
+    apply_resync(c);
+    while (c->credits[c->credits_known % (LS_MAX_REQS * 2)].index1 == c->credits_known + 1) c->credits_known++;
     sender_match(c);
 }
 
@@ -547,12 +604,12 @@ static void on_frame(ls_comm *c, int path, ls_stream *s) {
     case LS_DATA: on_data_end(c, s); break;
     case LS_ACK:
     case LS_HEARTBEAT:
-        if (c->is_send) on_ack(c, h->a);
-        if (c->is_send && !c->error) on_matched(c, h->b);
-        break;
     case LS_CREDIT:
-        if (c->is_send) on_credit(c, h, s->rx_small);
-        if (c->is_send && !c->error) on_matched(c, h->b);
+        if (!c->is_send) break;
+        if (kind != LS_CREDIT) on_ack(c, h->a);
+        if (!c->error) on_matched(c, h->b);
+        if (!c->error) on_position(c, h->b, h->c, h->d);
+        if (!c->error && kind == LS_CREDIT) on_credit(c, h, s->rx_small);
         break;
     case LS_HELLO_ACK: if (c->is_send) on_hello_ack(c, h, s->rx_small); break;
     default: protocol_error(c, ncclInternalError, "an unknown frame");

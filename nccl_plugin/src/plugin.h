@@ -101,8 +101,9 @@ typedef struct {
     uint32_t len;    /* payload bytes after the header */
     uint64_t a;      /* DATA: seq; ACK/HEARTBEAT: cumulative ack; CREDIT: receive index; HELLO: token */
     uint64_t b;      /* DATA: message size; HELLO: path << 32 | stream */
-    uint64_t c;      /* DATA: offset of the chunk in the message */
-    uint32_t d;      /* DATA: receive index */
+    uint64_t c;      /* DATA: offset of the chunk in the message; from a receiver: the receive its
+                      * matching fills (every one below is full) */
+    uint32_t d;      /* DATA: receive index; from a receiver: that receive's buffers taken (bits) */
     uint32_t e;      /* DATA: buffer of that receive; LS_EAGER: not matched when it was cut */
     uint64_t msg;    /* DATA: message number */
     int32_t tag;     /* DATA: the message's tag */
@@ -295,6 +296,7 @@ typedef struct ls_comm {
     ls_chunk window[LS_WINDOW];
     uint64_t credits_known;
     struct {
+        uint64_t index1;    /* receive index + 1 once known (credits may come out of order) */
         int n;
         ls_credit_slot slots[LS_MAX_RECVS];
         int used[LS_MAX_RECVS];
@@ -302,6 +304,9 @@ typedef struct ls_comm {
     } credits[LS_MAX_REQS * 2];
     uint64_t credit_cur;
     uint64_t smatched;      /* messages matched to credits (in order) */
+    int resync_pending;     /* the receiver's position named buffers of a credit not known yet */
+    uint64_t resync_index;
+    uint32_t resync_taken;
     uint64_t peer_eager;    /* the receiver's eager buffer (HELLO_ACK) */
     uint64_t eager_charged; /* bytes of eager messages the receiver has not matched yet */
     uint64_t peer_matched;  /* messages the receiver has matched (ACK/HEARTBEAT/CREDIT `b`) */

@@ -119,8 +119,12 @@ class Transfer:
         target = self.received() + more
         for role, (proc, _, _) in self.procs.items():
             assert proc.poll() is None, f"the {role} side ended early: {self.output(role)}"
-        wait_for(lambda: self.received() >= target or any(p.poll() is not None for p, _, _ in self.procs.values()),
-                 WAIT_S, what)
+        try:
+            wait_for(lambda: self.received() >= target or any(p.poll() is not None for p, _, _ in self.procs.values()),
+                     WAIT_S, what)
+        except TimeoutError as exc:  # a stuck transfer: what both sides logged says where
+            raise TimeoutError(f"{exc}: {self.received()} of {target} bytes; send: {self.stderr('send')} "
+                               f"recv: {self.stderr('recv')}") from None
         assert self.received() >= target, f"{what}: a side ended: {self.output('send')} {self.output('recv')}"
 
     def stop(self) -> None:
@@ -154,6 +158,12 @@ class Transfer:
         return (self.dir / f"{role}.err").read_text()[-3000:]
 
     def cleanup(self):
+        for proc, out, err in self.procs.values():  # a failed wait leaves them running: never past the test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
