@@ -17,7 +17,8 @@ and at the end: every byte compared, no group lost or duplicated.
 Throughput/latency (--no-faults for only these): bench/nccl_failover/tput.c, the plugin (2
 streams, its default, and 1 stream) against plain TCP over one stream on nh0 between the same
 namespaces, 4 KiB to 4 MiB (bandwidth with 32 outstanding, ping-pong latency), taking turns run
-by run.
+by run. --compare-lib PATH adds another build of the plugin (an earlier commit's, say) as one
+more transport taking its turn: an A/B in the same minutes.
 """
 
 from __future__ import annotations
@@ -208,15 +209,15 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
 
 # The plugin with its default 2 streams per path, the plugin with 1 stream, and plain TCP over
 # one stream (blocking send/recv of whole messages, TCP_NODELAY): the same namespaces, NIC and sizes.
-TRANSPORTS = {"plugin": ("plugin", {}), "plugin_1stream": ("plugin", {"LOCKSTEP_NCCL_STREAMS": "1"}),
-              "tcp": ("tcp", {})}
+TRANSPORTS = {"plugin": ("plugin", {}, LIB), "plugin_1stream": ("plugin", {"LOCKSTEP_NCCL_STREAMS": "1"}, LIB),
+              "tcp": ("tcp", {}, None)}
 
 
 def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str) -> tuple[float | None, str]:
-    kind, extra = TRANSPORTS[transport]
+    kind, extra, lib = TRANSPORTS[transport]
     env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET="none", **extra)
     d = tempfile.mkdtemp(prefix="lsnccl-tput")
-    args = [str(LIB), d] if kind == "plugin" else [pair.address("b", "nh0"), "6001"]
+    args = [str(lib), d] if kind == "plugin" else [pair.address("b", "nh0"), "6001"]
     far = pair.popen("b", [str(TPUT), kind, *args, "b", str(size), str(iters), mode], env=env,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), kind, *args, "a", str(size), str(iters),
@@ -252,7 +253,7 @@ def tput(pair: NcclPair, repeats: int) -> list[dict]:
             for transport in TRANSPORTS:
                 row[transport] = statistics.median(vals[transport]) if vals[transport] else None
                 row[f"{transport}_runs"] = vals[transport]
-            for transport in ("plugin", "plugin_1stream"):
+            for transport in [t for t in TRANSPORTS if t != "tcp"]:
                 if row[transport] and row["tcp"]:
                     ratio = row["tcp"] / row[transport] if mode == "bw" else row[transport] / row["tcp"]
                     row[f"{transport}_overhead_pct"] = round(ratio * 100 - 100, 1)
@@ -269,7 +270,10 @@ def main() -> int:
     parser.add_argument("--no-faults", action="store_true", help="only the throughput/latency table")
     parser.add_argument("--repeats", type=int, default=3, help="runs per throughput cell (median)")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
+    parser.add_argument("--compare-lib", help="another libnccl-net-lockstep.so, measured as transport plugin_compare")
     args = parser.parse_args()
+    if args.compare_lib:
+        TRANSPORTS["plugin_compare"] = ("plugin", {}, Path(args.compare_lib).resolve())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still tear the namespaces down
     subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR)], check=True)
     subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}/include",

@@ -2,6 +2,7 @@
  * written here, with non-blocking I/O, so NCCL's proxy thread only ever takes the comm's lock
  * for a moment (net.c). */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +58,9 @@ void ls_comm_wake(ls_comm *c) {
 
 /* ---- control frames ---- */
 
-int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len) {
+static int queue_frame(ls_stream *s, const ls_hdr *hp, const void *payload) {
+    ls_hdr h = *hp;
+    uint32_t len = h.len;
     if (s->fd < 0) return 0;
     if (s->tx_ctrl_off == s->tx_ctrl_len) s->tx_ctrl_off = s->tx_ctrl_len = 0;
     if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) { /* compact, then give up */
@@ -66,11 +69,24 @@ int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const voi
         s->tx_ctrl_off = 0;
         if (s->tx_ctrl_len + sizeof(ls_hdr) + len > sizeof s->tx_ctrl) return -1;
     }
-    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a, .b = b};
     memcpy(s->tx_ctrl + s->tx_ctrl_len, &h, sizeof h);
     if (len) memcpy(s->tx_ctrl + s->tx_ctrl_len + sizeof h, payload, len);
     s->tx_ctrl_len += sizeof h + len;
     return 0;
+}
+
+int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len) {
+    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a, .b = b};
+    return queue_frame(s, &h, payload);
+}
+
+/* Receiver: the buffers of the receive being filled that its matching gave a message. */
+static uint32_t taken_mask(const ls_comm *c) {
+    const ls_req *r = c->rrecv < c->recv_next ? c->recv_order[c->rrecv % LS_MAX_REQS] : NULL;
+    uint32_t mask = 0;
+    if (r && r->used && r->index == c->rrecv)
+        for (int j = 0; j < r->n; j++) mask |= (uint32_t)(r->taken[j] != 0) << j;
+    return mask;
 }
 
 /* Control frames of a path go on its stream 0. A path that cannot take one more has not moved
@@ -78,7 +94,15 @@ int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const voi
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len) {
     ls_path *p = &c->paths[path];
     if (p->state == LS_PATH_DOWN) return;
-    if (ls_queue_ctrl(&p->streams[0], kind, a, 0, payload, len) != 0) ls_path_dead(c, path, "control backlog");
+    /* a receiver's frames all carry its matching position: how many messages it has matched
+     * (that frees eager space), the receive it fills and that receive's buffers taken */
+    ls_hdr h = {.type = LS_MAGIC << 16 | kind, .len = len, .a = a};
+    if (!c->is_send) {
+        h.b = c->rmatched;
+        h.c = c->rrecv;
+        h.d = taken_mask(c);
+    }
+    if (queue_frame(&p->streams[0], &h, payload) != 0) ls_path_dead(c, path, "control backlog");
 }
 
 void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
@@ -99,6 +123,13 @@ static void chunk_written(ls_comm *c, const ls_chunk *ch) {
     if (w->seq == ch->seq) w->inflight = 0;
 }
 
+/* The eager buffer counts a chunk once however many copies read into it (plugin.h ls_eager). */
+static void eager_unref(ls_comm *c, ls_eager *e) {
+    if (--e->refs) return;
+    c->eager_held -= e->len;
+    free(e);
+}
+
 void ls_stream_close(ls_comm *c, ls_stream *s) {
     if (s->fd < 0) return;
     ls_sock_abort(s->fd);
@@ -110,6 +141,7 @@ void ls_stream_close(ls_comm *c, ls_stream *s) {
     }
     int had = s->tx_n;
     free(s->rx_stage);
+    if (s->rx_eager) eager_unref(c, s->rx_eager);
     memset(s, 0, sizeof *s);
     s->fd = -1;
     if (had) ls_msgs_free(c);
@@ -126,7 +158,8 @@ void ls_stream_open(ls_comm *c, int path, int stream, uint32_t addr, uint16_t po
 void ls_msgs_free(ls_comm *c) {
     while (c->msg_freed < c->next_chunk_msg) {
         ls_msg *m = &c->msgs[c->msg_freed % LS_MAX_MSGS];
-        if (c->seq_acked <= m->last_seq || m->inflight) return;
+        /* kept until the receiver matched it, too: its eager charge and number are still needed */
+        if (c->seq_acked <= m->last_seq || m->inflight || c->msg_freed >= c->peer_matched) return;
         if (m->in_ring && m->ring_end > c->ring_tail) c->ring_tail = m->ring_end;
         if (m->req) __atomic_store_n(&m->req->done, 1, __ATOMIC_RELEASE);
         c->msg_freed++;
@@ -134,7 +167,9 @@ void ls_msgs_free(ls_comm *c) {
     if (c->msg_freed == c->next_msg) c->ring_tail = c->ring_head; /* empty: no padding held */
 }
 
-/* The sender cuts posted messages into chunks once their receive is known (credit). */
+/* The sender matches messages to the receives it was told about (credits), in order, the way
+ * the receiver does: a chunk of a matched message names its buffer, so the receiver can place
+ * it before it knows the messages ahead of it. */
 static int match_credit(ls_comm *c, ls_msg *m) {
     if (c->credit_cur >= c->credits_known) return 0;
     __typeof__(c->credits[0]) *cr = &c->credits[c->credit_cur % (LS_MAX_REQS * 2)];
@@ -157,16 +192,32 @@ static int match_credit(ls_comm *c, ls_msg *m) {
     return 1;
 }
 
+/* Eager: a message whose receive is not known yet is sent anyway while the receiver's eager
+ * buffer has room for it (charged whole at its first chunk, until the receiver says it matched
+ * it); else it waits for its credit. A message the receiver has matched already (its count can
+ * come on another path before the credit) is never charged: its chunks go straight to its
+ * buffer there, and a charge made now would never be released. */
+static void sender_match(ls_comm *c) {
+    while (c->smatched < c->next_msg && match_credit(c, &c->msgs[c->smatched % LS_MAX_MSGS])) c->smatched++;
+}
+
 static void make_chunks(ls_comm *c) {
+    sender_match(c);
     while (c->next_chunk_msg < c->next_msg && c->seq_next - c->seq_acked < LS_WINDOW) {
         ls_msg *m = &c->msgs[c->next_chunk_msg % LS_MAX_MSGS];
-        if (!m->matched && !match_credit(c, m)) return;
+        if (!m->matched && !m->eager && c->next_chunk_msg >= c->peer_matched) {
+            uint64_t charge = m->size + LS_EAGER_OVERHEAD;
+            if (c->eager_charged + charge > c->peer_eager) return;
+            m->eager = 1;
+            c->eager_charged += charge;
+        }
         size_t len = m->size - m->chunk_off;
         if (len > ls_cfg.chunk_bytes) len = ls_cfg.chunk_bytes;
         ls_chunk *w = &c->window[c->seq_next % LS_WINDOW];
         if (w->inflight) return; /* an older chunk of this slot is still being written */
         *w = (ls_chunk){.seq = c->seq_next, .msg = c->next_chunk_msg, .off = m->chunk_off, .len = len,
-                        .msg_size = m->size, .rindex = m->rindex, .slot = m->slot};
+                        .msg_size = m->size, .rindex = m->matched ? m->rindex : 0,
+                        .slot = m->matched ? m->slot : LS_EAGER, .tag = m->tag};
         m->chunk_off += len;
         m->last_seq = c->seq_next++;
         if (m->chunk_off >= m->size) c->next_chunk_msg++;
@@ -183,7 +234,8 @@ static int take_chunk(ls_comm *c, ls_stream *s) {
     int i = s->tx_n++;
     s->tx_chunk[i] = *w;
     s->tx_hdr[i] = (ls_hdr){.type = LS_MAGIC << 16 | LS_DATA, .len = (uint32_t)w->len, .a = w->seq,
-                            .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot};
+                            .b = w->msg_size, .c = w->off, .d = w->rindex, .e = w->slot,
+                            .msg = w->msg, .tag = w->tag};
     s->tx_busy = 1;
     c->seq_unsent++;
     return 1;
@@ -279,18 +331,18 @@ static int stream_write(ls_comm *c, int path, ls_stream *s) {
 
 static int seen_bit(const ls_comm *c, uint64_t seq) { return c->seen_bits[(seq % LS_WINDOW) / 8] >> (seq % 8) & 1; }
 
-static void chunk_received(ls_comm *c, uint64_t seq, ls_req *r, int slot, size_t len, size_t total) {
+static void req_check_done(ls_req *r) {
+    int done = 1;
+    for (int i = 0; i < r->n; i++) done &= r->seen[i] && r->got[i] == r->total[i];
+    if (done) __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+}
+
+static void seq_received(ls_comm *c, uint64_t seq) {
     c->seen_bits[(seq % LS_WINDOW) / 8] |= (uint8_t)(1u << (seq % 8));
     while (seen_bit(c, c->cum)) {
         c->seen_bits[(c->cum % LS_WINDOW) / 8] &= (uint8_t)~(1u << (c->cum % 8));
         c->cum++;
     }
-    r->got[slot] += len;
-    r->total[slot] = total;
-    r->seen[slot] = 1;
-    int done = 1;
-    for (int i = 0; i < r->n; i++) done &= r->seen[i] && r->got[i] == r->total[i];
-    if (done) __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
     /* Another stream part-way through a copy of this chunk must not write into the buffer any
      * more: NCCL may reuse it as soon as the receive is done. */
     for (int p = 0; p < c->npaths; p++)
@@ -299,14 +351,75 @@ static void chunk_received(ls_comm *c, uint64_t seq, ls_req *r, int slot, size_t
             if (o->fd >= 0 && o->rx_in_payload && !o->rx_discard && o->rx_hdr.a == seq) {
                 o->rx_discard = 1;
                 o->rx_dest = NULL;
+                if (o->rx_eager) eager_unref(c, o->rx_eager);
+                o->rx_eager = NULL;
                 c->dup_chunks++;
             }
         }
 }
 
+static void place_eager(ls_comm *c, ls_req *r, int slot, ls_eager *e) {
+    if (e->len) memcpy((char *)r->bufs[slot] + e->off, e->data, e->len);
+    r->got[slot] += e->len;
+    eager_unref(c, e);
+}
+
+/* Messages are matched in message order to posted receives in posting order (a receive's
+ * buffers by tag), exactly as the sender matches them to credits; a message's eager chunks are
+ * copied into its buffer then. */
+void ls_rmatch(ls_comm *c) {
+    while (!c->error && c->rrecv < c->recv_next) {
+        uint64_t k = c->rmatched;
+        __typeof__(c->rmsgs[0]) *rm = &c->rmsgs[k % LS_MAX_MSGS];
+        if (rm->msg1 != k + 1) return;
+        ls_req *r = c->recv_order[c->rrecv % LS_MAX_REQS];
+        if (!r || !r->used || r->index != c->rrecv) return protocol_error(c, ncclInternalError, "the matched receive is gone");
+        int slot = -1;
+        for (int j = 0; j < r->n; j++)
+            if (!r->taken[j] && r->tags[j] == rm->tag) { slot = j; break; }
+        if (slot < 0) return protocol_error(c, ncclInvalidUsage, "a message's tag matches no buffer of the receive posted for it");
+        if (rm->size > r->sizes[slot]) return protocol_error(c, ncclInvalidUsage, "a message larger than its receive buffer");
+        r->taken[slot] = 1;
+        if (++r->ntaken == r->n) c->rrecv++;
+        rm->req = r;
+        rm->slot = slot;
+        r->total[slot] = rm->size;
+        r->seen[slot] = 1;
+        for (ls_eager *e = rm->head, *next; e; e = next) {
+            next = e->next;
+            place_eager(c, r, slot, e);
+        }
+        rm->head = NULL;
+        /* a chunk of it still being read goes on into the buffer (the sender frees its charge
+         * once told of the match, so nothing of it may stay in the eager buffer) */
+        for (int p = 0; p < c->npaths; p++)
+            for (int s = 0; s < LS_MAX_STREAMS; s++) {
+                ls_stream *o = &c->paths[p].streams[s];
+                ls_eager *e = o->rx_eager;
+                if (o->fd < 0 || !e || o->rx_hdr.msg != k) continue;
+                o->rx_dest = (char *)r->bufs[slot] + e->off;
+                if (o->rx_payload_got) memcpy(o->rx_dest, e->data, o->rx_payload_got); /* what this copy read */
+                o->rx_eager = NULL;
+                eager_unref(c, e);
+            }
+        c->rmatched++;
+        req_check_done(r);
+    }
+}
+
+/* Another stream's copy of chunk `seq` being read into the eager buffer, if any. */
+static ls_eager *eager_being_read(ls_comm *c, uint64_t seq) {
+    for (int p = 0; p < c->npaths; p++)
+        for (int s = 0; s < LS_MAX_STREAMS; s++) {
+            ls_stream *o = &c->paths[p].streams[s];
+            if (o->fd >= 0 && o->rx_in_payload && o->rx_eager && o->rx_eager->seq == seq) return o->rx_eager;
+        }
+    return NULL;
+}
+
 static void on_data_header(ls_comm *c, ls_stream *s) {
     ls_hdr *h = &s->rx_hdr;
-    uint64_t seq = h->a;
+    uint64_t seq = h->a, k = h->msg;
     s->rx_discard = 1;
     s->rx_dest = NULL;
     if (seq < c->cum || (seq < c->cum + LS_WINDOW && seen_bit(c, seq))) {
@@ -315,20 +428,82 @@ static void on_data_header(ls_comm *c, ls_stream *s) {
         return;
     }
     if (seq >= c->cum + LS_WINDOW) return protocol_error(c, ncclInternalError, "a chunk beyond the window");
-    ls_req *r = c->recv_order[h->d % LS_MAX_REQS];
-    if (!r || !r->used || r->index != h->d || h->e >= (uint32_t)r->n)
-        return protocol_error(c, ncclInternalError, "a chunk for a receive that was not posted");
-    if (h->b > r->sizes[h->e] || h->c > h->b || h->len > h->b - h->c)
-        return protocol_error(c, ncclInvalidUsage, "a message larger than its receive buffer");
+    if (h->b > INT_MAX || h->c > h->b || h->len > h->b - h->c) return protocol_error(c, ncclInternalError, "a bad chunk");
+    if (k >= c->rmatched + LS_MAX_MSGS) return protocol_error(c, ncclInternalError, "a chunk beyond the message window");
+    ls_req *r = NULL;
+    uint32_t slot = 0;
+    if (h->e != LS_EAGER) { /* the sender matched it: its buffer is named */
+        r = c->recv_order[h->d % LS_MAX_REQS];
+        slot = h->e;
+        if (!r || !r->used || r->index != h->d || slot >= (uint32_t)r->n)
+            return protocol_error(c, ncclInternalError, "a chunk for a receive that was not posted");
+        if (h->b > r->sizes[slot]) return protocol_error(c, ncclInvalidUsage, "a message larger than its receive buffer");
+    } else if (k < c->rmatched) {
+        r = c->rmsgs[k % LS_MAX_MSGS].req;
+        slot = (uint32_t)c->rmsgs[k % LS_MAX_MSGS].slot;
+        if (c->rmsgs[k % LS_MAX_MSGS].msg1 != k + 1 || !r || !r->used)
+            return protocol_error(c, ncclInternalError, "a chunk for a message already done");
+    }
+    if (r) {
+        s->rx_discard = 0;
+        s->rx_dest = (char *)r->bufs[slot] + h->c;
+        return;
+    }
+    ls_eager *e = eager_being_read(c, seq);
+    if (e) {
+        e->refs++; /* the same bytes at the same places: one copy in the buffer */
+    } else {
+        if (c->eager_held + h->len > ls_cfg.eager_bytes)
+            return protocol_error(c, ncclInternalError, "the sender overran the eager buffer");
+        if (!(e = malloc(sizeof *e + h->len))) return protocol_error(c, ncclSystemError, "out of memory for an eager chunk");
+        *e = (ls_eager){.seq = seq, .off = h->c, .len = h->len, .refs = 1};
+        c->eager_held += h->len;
+    }
+    s->rx_eager = e;
     s->rx_discard = 0;
-    s->rx_dest = (char *)r->bufs[h->e] + h->c;
+    s->rx_dest = e->data;
 }
 
 static void on_data_end(ls_comm *c, ls_stream *s) {
     ls_hdr *h = &s->rx_hdr;
     if (s->rx_discard) return;
-    ls_req *r = c->recv_order[h->d % LS_MAX_REQS];
-    chunk_received(c, h->a, r, (int)h->e, h->len, h->b);
+    uint64_t k = h->msg;
+    seq_received(c, h->a);
+    __typeof__(c->rmsgs[0]) *rm = &c->rmsgs[k % LS_MAX_MSGS];
+    if (rm->msg1 != k + 1) {
+        rm->msg1 = k + 1;
+        rm->tag = h->tag;
+        rm->size = h->b;
+        rm->head = NULL;
+        rm->req = NULL;
+    }
+    ls_eager *e = s->rx_eager; /* (a message matched while its chunk was read was moved to its buffer) */
+    s->rx_eager = NULL;
+    if (e) {
+        e->next = rm->head;
+        rm->head = e;
+    } else {
+        ls_req *r = h->e != LS_EAGER ? c->recv_order[h->d % LS_MAX_REQS] : rm->req;
+        int slot = h->e != LS_EAGER ? (int)h->e : rm->slot;
+        r->got[slot] += h->len;
+        r->total[slot] = h->b;
+        r->seen[slot] = 1;
+        req_check_done(r);
+    }
+    ls_rmatch(c);
+}
+
+/* The receiver matched messages up to `matched`: their eager charges are free again. */
+static void on_matched(ls_comm *c, uint64_t matched) {
+    if (matched > c->next_chunk_msg + 1 || matched > c->next_msg)
+        return protocol_error(c, ncclInternalError, "a match count beyond what was sent");
+    while (c->peer_matched < matched) {
+        ls_msg *m = &c->msgs[c->peer_matched % LS_MAX_MSGS];
+        if (m->eager) c->eager_charged -= m->size + LS_EAGER_OVERHEAD;
+        m->eager = 0;
+        c->peer_matched++;
+    }
+    ls_msgs_free(c);
 }
 
 static void on_ack(ls_comm *c, uint64_t cum) {
@@ -352,17 +527,54 @@ static void on_ack(ls_comm *c, uint64_t cum) {
     ls_msgs_free(c);
 }
 
+/* A receive whose buffers the receiver's position named before its credit came. */
+static void apply_resync(ls_comm *c) {
+    __typeof__(c->credits[0]) *cr = &c->credits[c->resync_index % (LS_MAX_REQS * 2)];
+    if (!c->resync_pending || cr->index1 != c->resync_index + 1) return;
+    for (int j = 0; j < cr->n; j++)
+        if (c->resync_taken >> j & 1 && !cr->used[j]) {
+            cr->used[j] = 1;
+            cr->nused++;
+        }
+    c->resync_pending = 0;
+}
+
 static void on_credit(ls_comm *c, const ls_hdr *h, const char *payload) {
-    if (h->a != c->credits_known) return; /* a replay over another path, already known */
-    if (c->credits_known - c->credit_cur >= LS_MAX_REQS * 2)
+    uint64_t k = h->a;
+    if (k < c->credit_cur) return; /* used already, or passed by the receiver's position */
+    if (k >= c->credit_cur + LS_MAX_REQS * 2)
         return protocol_error(c, ncclInternalError, "more receives posted than the plugin allows");
+    __typeof__(c->credits[0]) *cr = &c->credits[k % (LS_MAX_REQS * 2)];
+    if (cr->index1 == k + 1) return; /* a replay over another path, already known */
     int n = (int)(h->len / sizeof(ls_credit_slot));
     if (n < 1 || n > LS_MAX_RECVS) return protocol_error(c, ncclInternalError, "a credit with a bad count");
-    __typeof__(c->credits[0]) *cr = &c->credits[h->a % (LS_MAX_REQS * 2)];
     memset(cr, 0, sizeof *cr);
+    cr->index1 = k + 1;
     cr->n = n;
     memcpy(cr->slots, payload, (size_t)n * sizeof(ls_credit_slot));
-    c->credits_known++;
+    apply_resync(c);
+    while (c->credits[c->credits_known % (LS_MAX_REQS * 2)].index1 == c->credits_known + 1) c->credits_known++;
+    /* at once: receives of eagerly sent messages complete at once, so their credits come fast */
+    sender_match(c);
+}
+
+/* The receiver's matching position (every frame of it carries one: plugin.h ls_hdr). Ahead of
+ * the sender's own matching, it is taken over: the receiver matched messages sent eagerly
+ * whose credits the sender does not have, maybe never will (lost with a path, their receives
+ * done since, so no replay brings them back); waiting for them in order would stop every
+ * message too large for the eager buffer for good. */
+static void on_position(ls_comm *c, uint64_t matched, uint64_t rrecv, uint32_t taken) {
+    if (matched <= c->smatched) return;
+    if (rrecv < c->credit_cur) return protocol_error(c, ncclInternalError, "a receiver position behind the sender's");
+    c->smatched = matched;
+    c->credit_cur = rrecv;
+    if (c->credits_known < rrecv) c->credits_known = rrecv;
+    c->resync_pending = 1;
+    c->resync_index = rrecv;
+    c->resync_taken = taken;
+    apply_resync(c);
+    while (c->credits[c->credits_known % (LS_MAX_REQS * 2)].index1 == c->credits_known + 1) c->credits_known++;
+    sender_match(c);
 }
 
 static void on_hello_ack(ls_comm *c, const ls_hdr *h, const char *payload) {
@@ -375,6 +587,7 @@ static void on_hello_ack(ls_comm *c, const ls_hdr *h, const char *payload) {
         c->paths[p].peer_addr = l->addr;
         c->paths[p].peer_port = l->port;
     }
+    c->peer_eager = ack.eager_bytes;
     c->established = 1;
     for (int s = 1; s < c->paths[0].nstreams; s++) /* the rest of the primary's streams */
         ls_stream_open(c, 0, s, c->paths[0].peer_addr, c->paths[0].peer_port);
@@ -389,9 +602,15 @@ static void on_frame(ls_comm *c, int path, ls_stream *s) {
         ls_path_up(c, path);
     switch (kind) {
     case LS_DATA: on_data_end(c, s); break;
-    case LS_ACK: if (c->is_send) on_ack(c, h->a); break;
-    case LS_HEARTBEAT: if (c->is_send) on_ack(c, h->a); break;
-    case LS_CREDIT: if (c->is_send) on_credit(c, h, s->rx_small); break;
+    case LS_ACK:
+    case LS_HEARTBEAT:
+    case LS_CREDIT:
+        if (!c->is_send) break;
+        if (kind != LS_CREDIT) on_ack(c, h->a);
+        if (!c->error) on_matched(c, h->b);
+        if (!c->error) on_position(c, h->b, h->c, h->d);
+        if (!c->error && kind == LS_CREDIT) on_credit(c, h, s->rx_small);
+        break;
     case LS_HELLO_ACK: if (c->is_send) on_hello_ack(c, h, s->rx_small); break;
     default: protocol_error(c, ncclInternalError, "an unknown frame");
     }
@@ -593,7 +812,7 @@ void ls_progress_pass(ls_comm *c, int which) {
  * They go where data last arrived; heartbeats carry the same ack on every path. */
 void ls_ack(ls_comm *c, int flush) {
     uint64_t now = ls_now_us();
-    if (!c->ack_now && (c->cum == c->acked_sent ||
+    if (!c->ack_now && ((c->cum == c->acked_sent && c->rmatched == c->rmatched_sent) ||
                         (!flush && c->cum - c->acked_sent < LS_ACK_CHUNKS && now - c->acked_sent_us < LS_ACK_US)))
         return;
     int p = c->ack_path;
@@ -602,6 +821,7 @@ void ls_ack(ls_comm *c, int flush) {
     if (p == c->npaths) return;
     ls_queue_on_path(c, p, LS_ACK, c->cum, NULL, 0);
     c->acked_sent = c->cum;
+    c->rmatched_sent = c->rmatched;
     c->acked_sent_us = now;
     c->ack_now = 0;
     if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
@@ -699,7 +919,8 @@ void ls_comm_free(ls_comm *c) {
          * lose them, so a send comm first waits (the progress thread works meanwhile) until
          * every message is acknowledged, or no path is left, or LOCKSTEP_NCCL_GIVEUP_MS */
         uint64_t deadline = ls_now_ms() + (uint64_t)ls_cfg.giveup_ms;
-        while (c->is_send && c->established && c->error == ncclSuccess && c->msg_freed < c->next_msg &&
+        while (c->is_send && c->established && c->error == ncclSuccess &&
+               (c->next_chunk_msg < c->next_msg || c->seq_acked < c->seq_next) &&
                ls_now_ms() < deadline) {
             pthread_mutex_unlock(&c->lock);
             usleep(1000);
@@ -714,11 +935,17 @@ void ls_comm_free(ls_comm *c) {
         for (int s = 0; s < LS_MAX_STREAMS; s++) {
             if (c->paths[p].streams[s].fd >= 0) close(c->paths[p].streams[s].fd);
             free(c->paths[p].streams[s].rx_stage);
+            if (c->paths[p].streams[s].rx_eager) eager_unref(c, c->paths[p].streams[s].rx_eager);
         }
         if (c->paths[p].listen_fd >= 0) close(c->paths[p].listen_fd);
     }
     for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
         if (c->pending_fds[i] >= 0) close(c->pending_fds[i]);
+    for (int k = 0; k < LS_MAX_MSGS; k++)
+        for (ls_eager *e = c->rmsgs[k].head, *next; e; e = next) {
+            next = e->next;
+            eager_unref(c, e);
+        }
     free(c->ring);
     if (c->wake_fd >= 0) close(c->wake_fd);
     if (c->netlink_fd >= 0) close(c->netlink_fd);

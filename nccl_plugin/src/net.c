@@ -175,6 +175,7 @@ ncclResult_t ls_accept(void *listen_comm, void **recv_comm) {
         ls_hello_ack ack;
         memset(&ack, 0, sizeof ack);
         ack.nnics = (uint32_t)c->npaths;
+        ack.eager_bytes = (uint32_t)ls_cfg.eager_bytes;
         for (int p = 0; p < c->npaths; p++) { /* this comm's own listeners: later streams and paths */
             uint16_t port = 0;
             c->paths[p].listen_fd = ls_sock_listen(&c->device.nics[p], &port);
@@ -293,6 +294,7 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
             r->tags[i] = tags[i];
         }
         c->recv_order[r->index % LS_MAX_REQS] = r;
+        ls_rmatch(c); /* eager chunks already here are copied now; the credits carry the new count */
         for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
         ls_progress_pass(c, LS_PASS_HOT);

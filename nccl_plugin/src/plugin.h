@@ -18,8 +18,9 @@
  * streams. Data moves only over the active path as sequence-numbered chunks; the receiver acks
  * cumulatively and drops duplicates, so when the active path dies every unacknowledged chunk is
  * resent over the next live path. The receiver tells the sender about each posted receive
- * (a credit: sizes and tags), so data is only sent into posted buffers and every socket is read
- * all the time, which keeps heartbeats flowing under load.
+ * (a credit: sizes and tags); a message sent before its receive is known waits in the
+ * receiver's bounded eager buffer (the sender charges it there until the receiver says it
+ * matched it), so every socket is read all the time, which keeps heartbeats flowing under load.
  */
 #ifndef LOCKSTEP_NCCL_PLUGIN_H
 #define LOCKSTEP_NCCL_PLUGIN_H
@@ -65,6 +66,7 @@ typedef struct {
     int streams;
     size_t chunk_bytes;
     size_t retransmit_bytes;
+    size_t eager_bytes;
     int giveup_ms;
     int connect_timeout_ms;
     int failback_min_ms;
@@ -99,10 +101,16 @@ typedef struct {
     uint32_t len;    /* payload bytes after the header */
     uint64_t a;      /* DATA: seq; ACK/HEARTBEAT: cumulative ack; CREDIT: receive index; HELLO: token */
     uint64_t b;      /* DATA: message size; HELLO: path << 32 | stream */
-    uint64_t c;      /* DATA: offset of the chunk in the message */
-    uint32_t d;      /* DATA: receive index */
-    uint32_t e;      /* DATA: buffer of that receive */
+    uint64_t c;      /* DATA: offset of the chunk in the message; from a receiver: the receive its
+                      * matching fills (every one below is full) */
+    uint32_t d;      /* DATA: receive index; from a receiver: that receive's buffers taken (bits) */
+    uint32_t e;      /* DATA: buffer of that receive; LS_EAGER: not matched when it was cut */
+    uint64_t msg;    /* DATA: message number */
+    int32_t tag;     /* DATA: the message's tag */
+    uint32_t pad;
 } ls_hdr;
+#define LS_EAGER UINT32_MAX
+#define LS_EAGER_OVERHEAD 256 /* charged per eager message on top of its bytes (bounds the count) */
 
 typedef struct {
     uint64_t size;
@@ -124,7 +132,7 @@ typedef struct {
 
 typedef struct {
     uint32_t nnics;
-    uint32_t pad;
+    uint32_t eager_bytes; /* the acceptor's eager buffer: what the connector may send ahead of receives */
     ls_wire_addr listeners[LS_MAX_NICS];
 } ls_hello_ack;
 
@@ -165,6 +173,8 @@ typedef struct {
     size_t got[LS_MAX_RECVS];
     size_t total[LS_MAX_RECVS];
     int seen[LS_MAX_RECVS];
+    int taken[LS_MAX_RECVS]; /* the receiver's own matching: buffers given a message */
+    int ntaken;
 } ls_req;
 
 /* A posted isend. Its bytes are in the retransmit ring (the isend completed at once) or, for a
@@ -178,6 +188,8 @@ typedef struct {
     uint64_t ring_end;   /* ring counter past its bytes: the ring is free up to here once it is acked */
     size_t chunk_off;    /* next byte to cut into a chunk */
     int matched;
+    int eager;           /* charged to the peer's eager buffer (cut before its receive was known
+                          * and before the receiver matched it); released once, on the match */
     uint32_t rindex, slot;
     uint64_t last_seq;   /* valid once every chunk is cut */
     int inflight;        /* its chunks being written right now (its bytes must stay) */
@@ -190,7 +202,19 @@ typedef struct {
     int inflight;        /* being written on an open stream: not taken again until that ends */
     uint64_t msg_size;
     uint32_t rindex, slot;
+    int tag;
 } ls_chunk;
+
+/* Receiver: a chunk that arrived before its message was matched to a posted receive. Two
+ * copies of one chunk read at once (a resend over another stream while the first copy is still
+ * coming) share it, so the eager buffer holds each chunk once, as the sender charged it. */
+typedef struct ls_eager {
+    struct ls_eager *next;
+    uint64_t seq;
+    size_t off, len;
+    int refs;               /* streams reading into it, plus its message's list once complete */
+    char data[];
+} ls_eager;
 
 typedef struct {
     int fd;
@@ -202,6 +226,7 @@ typedef struct {
     char *rx_dest;          /* NULL: into rx_small (control) or discarded */
     size_t rx_left, rx_payload_got;
     int rx_discard;
+    ls_eager *rx_eager;     /* the eager chunk being read, NULL when the payload goes elsewhere */
     char rx_small[sizeof(ls_hello_ack) + LS_MAX_RECVS * sizeof(ls_credit_slot)];
     char *rx_stage;         /* LS_RX_STAGE bytes read ahead, [rx_stage_off, rx_stage_len) not parsed yet */
     size_t rx_stage_off, rx_stage_len;
@@ -271,12 +296,20 @@ typedef struct ls_comm {
     ls_chunk window[LS_WINDOW];
     uint64_t credits_known;
     struct {
+        uint64_t index1;    /* receive index + 1 once known (credits may come out of order) */
         int n;
         ls_credit_slot slots[LS_MAX_RECVS];
         int used[LS_MAX_RECVS];
         int nused;
     } credits[LS_MAX_REQS * 2];
     uint64_t credit_cur;
+    uint64_t smatched;      /* messages matched to credits (in order) */
+    int resync_pending;     /* the receiver's position named buffers of a credit not known yet */
+    uint64_t resync_index;
+    uint32_t resync_taken;
+    uint64_t peer_eager;    /* the receiver's eager buffer (HELLO_ACK) */
+    uint64_t eager_charged; /* bytes of eager messages the receiver has not matched yet */
+    uint64_t peer_matched;  /* messages the receiver has matched (ACK/HEARTBEAT/CREDIT `b`) */
     /* acceptor */
     uint64_t recv_next;     /* receives posted */
     uint64_t cum;           /* every seq below was received */
@@ -286,6 +319,19 @@ typedef struct ls_comm {
     int ack_now;            /* a duplicate arrived: ack at once (its earlier ack may have been lost) */
     uint8_t seen_bits[LS_WINDOW / 8];
     ls_req *recv_order[LS_MAX_REQS];
+    /* eager: messages are matched to receives in message order, as the sender does with credits */
+    uint64_t rmatched;      /* messages matched */
+    uint64_t rrecv;         /* the receive being filled by the matching */
+    size_t eager_held;      /* bytes in eager chunks */
+    uint64_t rmatched_sent; /* the count the last ack told the sender */
+    struct {
+        uint64_t msg1;      /* message number + 1 once its tag and size are known */
+        int tag;
+        uint64_t size;
+        ls_eager *head;     /* its eager chunks */
+        ls_req *req;        /* once matched */
+        int slot;
+    } rmsgs[LS_MAX_MSGS];
     int pending_fds[LS_MAX_NICS * LS_MAX_STREAMS]; /* accepted, HELLO not yet read */
     uint64_t pending_since_ms[LS_MAX_NICS * LS_MAX_STREAMS];
     /* statistics */
@@ -298,6 +344,7 @@ int ls_comm_start(ls_comm *c);     /* starts the progress thread */
 void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
 void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring space back */
+void ls_rmatch(ls_comm *c);        /* receiver: match known messages to posted receives, copy eager chunks */
 enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
 void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
 void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */

@@ -11,7 +11,7 @@
 #include "plugin.h"
 
 _Static_assert(sizeof(ls_handle) <= NCCL_NET_HANDLE_MAXSIZE, "the handle must fit NCCL's 128 bytes");
-_Static_assert(sizeof(ls_hdr) == 40, "the frame header is 40 bytes on the wire");
+_Static_assert(sizeof(ls_hdr) == 56, "the frame header is 56 bytes on the wire");
 
 uint64_t ls_random64(void) {
     uint64_t x = 0;

@@ -119,8 +119,12 @@ class Transfer:
         target = self.received() + more
         for role, (proc, _, _) in self.procs.items():
             assert proc.poll() is None, f"the {role} side ended early: {self.output(role)}"
-        wait_for(lambda: self.received() >= target or any(p.poll() is not None for p, _, _ in self.procs.values()),
-                 WAIT_S, what)
+        try:
+            wait_for(lambda: self.received() >= target or any(p.poll() is not None for p, _, _ in self.procs.values()),
+                     WAIT_S, what)
+        except TimeoutError as exc:  # a stuck transfer: what both sides logged says where
+            raise TimeoutError(f"{exc}: {self.received()} of {target} bytes; send: {self.stderr('send')} "
+                               f"recv: {self.stderr('recv')}") from None
         assert self.received() >= target, f"{what}: a side ended: {self.output('send')} {self.output('recv')}"
 
     def stop(self) -> None:
@@ -154,6 +158,12 @@ class Transfer:
         return (self.dir / f"{role}.err").read_text()[-3000:]
 
     def cleanup(self):
+        for proc, out, err in self.procs.values():  # a failed wait leaves them running: never past the test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -201,6 +211,78 @@ def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_thr
     _assert_intact(results)
     if ring_bytes:
         assert results["send"]["null_requests"] > 0  # the full ring said "retry", never blocked
+
+
+@pytest.mark.parametrize("eager_bytes", [0, 64 << 10])
+def test_messages_sent_ahead_of_their_receives_stay_intact_through_a_failover(pair, plugin_lib, agent, eager_bytes):
+    # 0: nothing is sent before its receive is posted (credits only); 64 KiB: small messages go
+    # eagerly until the buffer is full, larger ones wait for their receive, and chunks stored
+    # eagerly must survive the failover's resends (dropped as duplicates, never stored twice)
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "23",
+                   env={"LOCKSTEP_NCCL_EAGER_BYTES": str(eager_bytes)})
+    try:
+        run.wait_received(16 << 20, "data before the fault")
+        away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
+        pair.link("a", "nh0", up=False)
+        wait_for(lambda: len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) > away, WAIT_S,
+                 "failover to the standby")
+        run.wait_received(16 << 20, "data over the standby")
+        pair.link("a", "nh0", up=True)
+        run.wait_received(8 << 20, "data after the primary returned")
+        run.stop()
+        results = run.finish()
+    finally:
+        pair.link("a", "nh0", up=True)
+        run.cleanup()
+    _assert_intact(results)
+
+
+def test_a_chunk_resent_while_its_first_copy_is_still_coming_is_held_once_in_the_eager_buffer(pair, plugin_lib):
+    # A failover resends a chunk whose first copy may still be coming on the old path; the
+    # receiver read both into its eager buffer and counted the chunk twice ("the sender overran
+    # the eager buffer", an error from irecv, met by chance in the 30-flap test). dupchunk.py
+    # makes that interleaving every time: a sender speaking the wire protocol sends one 16 MiB
+    # eager chunk as two copies on two streams, both headers read before either copy is whole,
+    # into a 24 MiB eager buffer; then a second 16 MiB message ahead of its receive, which only
+    # fits if the first one's copies left nothing behind.
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0", LOCKSTEP_AGENT_SOCKET="none",
+               LOCKSTEP_NCCL_EAGER_BYTES=str(24 << 20), LOCKSTEP_NCCL_HEARTBEAT_MS="60000")
+    argv = [sys.executable, str(Path(HARNESS).parent / "dupchunk.py"), "--lib", str(plugin_lib), "--size", str(16 << 20)]
+    proc = pair.popen("b", argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.strip(), err
+    result = json.loads(out.splitlines()[-1])
+    assert result["ok"] and proc.returncode == 0, (result, err[-3000:])
+    assert result["bytes"] == 32 << 20 and result["eager_bytes"] == 24 << 20
+
+
+def test_a_sender_missing_a_credit_for_a_receive_done_eagerly_goes_on_from_the_receivers_position(pair, plugin_lib):
+    # A credit lost with a path, for a receive an eagerly sent message filled since: no replay
+    # brings it back, and a sender taking credits strictly in order waited for it for ever, so a
+    # message too large for the eager buffer never left (a 30-flap run and a fault bench stuck
+    # so, seen with gdb). creditgap.py is a receiver speaking the wire protocol that makes that
+    # state every time: it never sends credit 0, reports message 0 matched and receive 1 being
+    # filled, and sends credit 1; message 1 must come, matched to receive 1.
+    env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0", LOCKSTEP_AGENT_SOCKET="none", LOCKSTEP_NCCL_STREAMS="1",
+               LOCKSTEP_NCCL_HEARTBEAT_MS="60000")
+    argv = [sys.executable, str(Path(HARNESS).parent / "creditgap.py"), "--lib", str(plugin_lib),
+            "--addr", pair.address("a", "nh0")]
+    proc = pair.popen("a", argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=WAIT_S * 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert out.strip(), err
+    result = json.loads(out.splitlines()[-1])
+    assert result["ok"] and proc.returncode == 0, (result, err[-3000:])
+    assert result["bytes"] == 1000 + (256 << 10)
 
 
 def _validated(kind: str, data: dict) -> dict:
@@ -275,9 +357,13 @@ FLAP_DOWN_S = (0.05, 0.2, 0.35, 0.1, 0.5)
 FLAP_UP_S = (0.05, 0.15, 0.25, 0.4, 0.3, 0.6)
 
 
-def test_thirty_quick_flaps_lose_nothing_and_traffic_ends_on_the_primary(pair, plugin_lib, agent):
+# The default eager buffer (8 MiB), and one of 256 KiB with 64 KiB chunks: nearly every small
+# message then waits in it while the flaps resend chunks into it.
+@pytest.mark.parametrize("eager", [{}, {"LOCKSTEP_NCCL_EAGER_BYTES": str(256 << 10), "LOCKSTEP_NCCL_CHUNK_BYTES": str(64 << 10)}],
+                         ids=["default", "small-eager"])
+def test_thirty_quick_flaps_lose_nothing_and_traffic_ends_on_the_primary(pair, plugin_lib, agent, eager):
     run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "17",
-                   env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "200", "LOCKSTEP_NCCL_DEBUG": "1"})  # a failure shows the log
+                   env={"LOCKSTEP_NCCL_FAILBACK_STABLE_MS": "200", "LOCKSTEP_NCCL_DEBUG": "1", **eager})  # a failure shows the log
     lossy = False
     try:
         run.wait_received(16 << 20, "data before the flapping")
