@@ -39,7 +39,7 @@ from datetime import timedelta
 from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
 from lockstep.capture.events import EventSender
-from lockstep.capture.worker import pull_from
+from lockstep.capture.pull import can_read, pull_from
 from lockstep.weights.links import PairGroupLink, TcpLink
 from lockstep.weights.plan import needed, stripe
 from lockstep.weights.protocol import ProtocolError, recv_frame, send_frame
@@ -456,16 +456,6 @@ class Leader:
         }
 
 
-def _can_pull(pid: int, address: int, length: int, expected_hex: str) -> bool:
-    probe = Arena(length, name="lockstep-probe")
-    try:
-        return pull_from(pid, probe, [(address, 0, length)], expect=bytes.fromhex(expected_hex))
-    except OSError:
-        return False  # ptrace rules (Yama, seccomp) forbid it: pushes copy on the trainer
-    finally:
-        probe.close()
-
-
 def main() -> None:
     import torch
 
@@ -479,7 +469,7 @@ def main() -> None:
         init = msg[1]
         arena = Arena.attach(fds[0], init["capacity"])
         leader = Leader(channel, init, arena)
-        channel.send(("listening", {**leader.addresses(), "can_pull": _can_pull(*init["probe"])}))
+        channel.send(("listening", {**leader.addresses(), "can_pull": can_read(init["probe"])}))
         leader.run()
     except BaseException:
         traceback.print_exc()

@@ -22,12 +22,10 @@ holds two buffers per tensor (the version it runs and the one it receives).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Mapping
 
 import torch
@@ -36,6 +34,7 @@ from torch import nn
 from lockstep.capture.arena import Arena, Layout
 from lockstep.capture.channel import ChannelClosed
 from lockstep.capture.engine import BackgroundProcess, CaptureInFlight, check_tensor
+from lockstep.capture.pull import MemoryProbe, guard_optimizer_steps
 
 TRANSPORTS = ("tcp", "gloo")
 PROGRESS_BYTES = 32 << 20  # while staging, tell the leader how far the copy got every 32 MiB
@@ -99,6 +98,12 @@ class PushHandle:
             raise PushFailed(self._error)
         return self._result
 
+    def hold_optimizer_step(self) -> bool:
+        """The optimizer pre-step guard (``pull.guard_optimizer_steps``): wait until the leader has read the weights."""
+        with contextlib.suppress(PushFailed):  # reported by wait(); the weights are free either way
+            self.wait_staged()
+        return True
+
     def _set_staged(self, error: str | None = None) -> None:
         self._staged = True
         self._error = self._error or error
@@ -139,9 +144,9 @@ class WeightPublisher:
         self._status: dict | None = None
         self._proc = BackgroundProcess("lockstep.weights.leader")
         # Can the leader read this process's memory (process_vm_readv)? It tries on this buffer.
-        probe = ctypes.create_string_buffer(_PROBE)
+        probe = MemoryProbe()
         init = {
-            "probe": [os.getpid(), ctypes.addressof(probe), len(_PROBE), _PROBE.hex()],
+            "probe": probe.request(),
             "publisher": self.publisher_id,
             "job": os.environ.get("LOCKSTEP_JOB"),  # under lockstep run: the console shows it as the job's
             "layout": [[s.key, str(s.dtype), list(s.shape), s.nbytes] for s in self.layout.slots],
@@ -211,8 +216,7 @@ class WeightPublisher:
                     self._version = version
                     handle = PushHandle(self, version, time.perf_counter() - started, len(copy), sum(n for _, _, n in pull))
                     handle.pulled, handle._staged, handle._keepalive = True, False, srcs
-                    _install_optimizer_hook()
-                    _PULLING.add(handle)
+                    guard_optimizer_steps(handle)
                     self._pending = handle
                     return handle
                 self._proc.channel.send(("staging", version, list(self._changed_at)))
@@ -292,30 +296,3 @@ class WeightPublisher:
                 self._free = True
             elif msg[0] == "status":
                 self._status = msg[1]
-
-
-_PROBE = b"lockstep weights probe: can the leader read its trainer's memory?"
-_PULLING: weakref.WeakSet[PushHandle] = weakref.WeakSet()
-_hook_installed = False
-_hook_lock = threading.Lock()
-
-
-def _before_optimizer_step(optimizer, args, kwargs) -> None:
-    """Global optimizer pre-step hook: weights may not change while the leader reads them."""
-    for handle in list(_PULLING):
-        if not handle._staged:
-            started = time.perf_counter()
-            with contextlib.suppress(PushFailed):  # reported by the handle's wait(); the weights are free either way
-                handle.wait_staged()
-            handle.blocked_s += time.perf_counter() - started
-        _PULLING.discard(handle)
-
-
-def _install_optimizer_hook() -> None:
-    global _hook_installed
-    with _hook_lock:
-        if not _hook_installed:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-            register_optimizer_step_pre_hook(_before_optimizer_step)
-            _hook_installed = True
