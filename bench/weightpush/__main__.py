@@ -3,17 +3,25 @@
     python -m bench.weightpush                          # 1 GiB, TCP, 1/2/4 replicas, 4 streams
     python -m bench.weightpush --transport gloo --size-mb 1024 --replicas 1,2,4
     python -m bench.weightpush --size-mb 256            # a smaller model for a busy machine
+    python -m bench.weightpush --transport gloo --copy shared,pull --repeats 3 --methods wire,lockstep
 
-For each replica count, three ways to move the same bytes over the same transport:
+For each replica count, three ways to move the same bytes over the same transport, measured
+interleaved: ``--repeats`` times in turn the wire, then lockstep with each ``--copy`` mode (each
+phase ``--rounds`` transfers, the best kept); the ratio to the wire is taken per repeat against
+the wire phase just before it, and the table gives the median and the range of those ratios.
 
 - **wire**: a plain bulk copy, the model's bytes as one contiguous buffer sent to every replica
   at once (one stream each), into a preallocated buffer: the transport's floor.
 - **lockstep**: ``WeightPublisher.push`` of a full new version (no delta), from the call until
   every replica has acknowledged it whole; replicas keep running rollout steps meanwhile and
   report how long a step was ever blocked (``max_blocked``) against their longest swap.
-  ``--copy pull`` (the default): ``push(overlap=True)``, the leader reads the weights out of the
-  trainer (``process_vm_readv``) while sending; ``--copy trainer``: the trainer copies them into
-  the arena itself before ``push`` returns (pipelined with the sends).
+  ``--copy shared`` (the default): ``WeightPublisher(model, share=True)`` and ``push(overlap=True)``:
+  the model's tensors live in memory shared with the leader, which sends straight from them (no
+  copy before the send; the arena copy for late joiners follows delivery); ``--copy pull``:
+  ``push(overlap=True)``, the leader reads the weights out of the trainer (``process_vm_readv``)
+  while sending; ``--copy trainer``: the trainer copies them into the arena itself before
+  ``push`` returns (pipelined with the sends). The push time is from the call to the leader's
+  word that every replica has the whole version (``PushHandle.delivered_s``).
 - **naive**: per tensor, ``torch.save`` to bytes and a length-prefixed send (TCP) or one send
   per tensor (gloo), one replica after another, as per-parameter RPC code does.
 
@@ -38,6 +46,7 @@ import time
 from datetime import timedelta
 
 import torch
+from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -48,15 +57,16 @@ def load_average() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def model_weights(size_mb: int) -> dict[str, torch.Tensor]:
+def make_model(size_mb: int) -> nn.Module:
     """Layers of 4096 x 1024 fp32 (16 MiB) plus a bias each, ``size_mb`` MiB in all."""
     g = torch.Generator().manual_seed(0)
-    layers = max(1, size_mb // 16)
-    out = {}
-    for i in range(layers):
-        out[f"layers.{i}.weight"] = torch.randn(4096, 1024, generator=g)
-        out[f"layers.{i}.bias"] = torch.randn(4096, generator=g)
-    return out
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(1024, 4096) for _ in range(max(1, size_mb // 16))])
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return model
 
 
 def spawn(mode: str, args, port: int, name: str, extra: list[str] = (), stdin_line: str | None = None):
@@ -180,14 +190,14 @@ def run_naive(args, weights, n) -> float:
     return min(times)
 
 
-def run_lockstep(args, weights, n) -> dict:
+def run_lockstep(args, model, n, copy) -> dict:
     from lockstep.weights import WeightPublisher
 
-    pub = WeightPublisher(weights, streams=args.streams, transport=args.transport, delta=False)
+    pub = WeightPublisher(model, streams=args.streams, transport=args.transport, delta=False, share=copy == "shared")
     last = 1 + args.rounds
     procs = [spawn("lockstep", args, pub.address[1], f"rollout{i}", ["--until", str(last)]) for i in range(n)]
     try:
-        pub.push(weights).wait(timeout=900)
+        pub.push(model).wait(timeout=900)
         for p in procs:
             ready(p)
         while sum(1 for s in pub.status()["replicas"].values() if s["applied"] == 1) < n:
@@ -196,17 +206,17 @@ def run_lockstep(args, weights, n) -> dict:
         times, stalls, helds, windows = [], [], [], []
         for _ in range(args.rounds):
             with torch.no_grad():
-                for t in weights.values():
+                for t in model.parameters():
                     t.add_(1.0)
             w0 = time.time()
             t0 = time.perf_counter()
-            handle = pub.push(weights, overlap=args.copy == "pull")
+            handle = pub.push(model, overlap=copy != "trainer")
             stalls.append(handle.stall_s)
             handle.wait_staged(timeout=900)
             helds.append(time.perf_counter() - t0)  # until here an optimizer step would wait
-            assert handle.pulled == (args.copy == "pull"), "the leader could not read this process"
+            assert handle.pulled == (copy != "trainer"), "the leader could not read this process"
             result = handle.wait(timeout=900)
-            times.append(time.perf_counter() - t0)
+            times.append(handle.delivered_s)
             windows.append((w0, time.time() + 0.5))  # the swap follows delivery within a step
             assert set(result["replicas"].values()) == {"received"} and len(result["replicas"]) == n, result
         reports = [finish(p) for p in procs]
@@ -230,20 +240,31 @@ def run_lockstep(args, weights, n) -> dict:
     }
 
 
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--replicas", default="1,2,4")
     parser.add_argument("--transport", choices=["tcp", "gloo"], default="tcp")
     parser.add_argument("--streams", type=int, default=4, help="lockstep links per replica (senders)")
-    parser.add_argument("--rounds", type=int, default=2, help="timed transfers per method (the best is reported)")
+    parser.add_argument("--rounds", type=int, default=2, help="timed transfers per phase (the best is kept)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved wire / lockstep phases per replica count")
     parser.add_argument("--methods", default="wire,lockstep,naive")
-    parser.add_argument("--copy", choices=["pull", "trainer"], default="pull",
-                        help="who stages the weights: the leader reads the trainer's memory, or the trainer copies")
+    parser.add_argument("--copy", default="shared",
+                        help="comma-separated: shared (the leader sends from the trainer's shared weights), pull (it reads "
+                             "the trainer's memory first), trainer (the trainer copies into the arena)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    copies = args.copy.split(",")
+    if not set(copies) <= {"shared", "pull", "trainer"}:
+        parser.error(f"--copy: shared, pull or trainer, not {args.copy!r}")
     torch.set_num_threads(1)
-    weights = model_weights(args.size_mb)
+    model = make_model(args.size_mb)
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
     nbytes = sum(t.nbytes for t in weights.values())
     header = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -253,36 +274,58 @@ def main(argv=None) -> int:
         "tensors": len(weights),
         "transport": args.transport,
         "streams": args.streams,
-        "copy": args.copy,
+        "copy": copies,
+        "repeats": args.repeats,
     }
     print(f"{nbytes / 2**20:.0f} MiB in {len(weights)} tensors over {args.transport}, copy: {args.copy}, load {header['load_before']}", flush=True)
     rows = []
     methods = args.methods.split(",")
     for n in (int(x) for x in args.replicas.split(",")):
-        row = {"replicas": n}
-        if "wire" in methods:
-            row["wire_s"] = run_wire(args, weights, n)
-            print(f"  {n} replica(s): wire {row['wire_s']:.2f} s", flush=True)
-        if "lockstep" in methods:
-            row.update(run_lockstep(args, weights, n))
-            print(f"  {n} replica(s): lockstep {row['push_s']:.2f} s (stall {row['stall_s'] * 1e3:.0f} ms, weights held {row['held_s'] * 1e3:.0f} ms, rollout step "
-                  f"blocked at most {row['max_blocked_s'] * 1e3:.2f} ms during pushes, {row['quiet_max_blocked_s'] * 1e3:.2f} ms "
-                  f"when quiet, longest swap {row['max_swap_s'] * 1e3:.2f} ms, longest lock wait {row['max_lock_wait_s'] * 1e3:.2f} ms)",
-                  flush=True)
+        wires, pushes, loads = [], {c: [] for c in copies}, []
+        for k in range(args.repeats):
+            loads.append(load_average().split()[0])
+            wire_s = None
+            if "wire" in methods:
+                wire_s = run_wire(args, weights, n)
+                wires.append(wire_s)
+                print(f"  {n} replica(s), repeat {k + 1}: wire {wire_s:.2f} s (load {loads[-1]})", flush=True)
+            if "lockstep" in methods:
+                for copy in copies:
+                    r = run_lockstep(args, model, n, copy)
+                    r["ratio"] = r["push_s"] / wire_s if wire_s else float("nan")
+                    pushes[copy].append(r)
+                    print(f"  {n} replica(s), repeat {k + 1}: lockstep/{copy} {r['push_s']:.2f} s = {r['ratio']:.2f} x wire (stall {r['stall_s'] * 1e3:.0f} ms, "
+                          f"weights held {r['held_s'] * 1e3:.0f} ms, rollout step blocked at most {r['max_blocked_s'] * 1e3:.2f} ms during pushes, "
+                          f"{r['quiet_max_blocked_s'] * 1e3:.2f} ms when quiet, longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
+                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.2f} ms)", flush=True)
+        naive_s = None
         if "naive" in methods:
-            row["naive_s"] = run_naive(args, weights, n)
-            print(f"  {n} replica(s): naive {row['naive_s']:.2f} s", flush=True)
-        rows.append(row)
+            naive_s = run_naive(args, weights, n)
+            print(f"  {n} replica(s): naive {naive_s:.2f} s", flush=True)
+        for copy in copies if "lockstep" in methods else [None]:
+            row = {"replicas": n, "copy": copy, "wire_s": wires, "naive_s": naive_s, "loads": loads}
+            if copy is not None:
+                rs = pushes[copy]
+                row.update({
+                    "push_s": [r["push_s"] for r in rs], "ratios": [r["ratio"] for r in rs],
+                    "stall_s": min(r["stall_s"] for r in rs), "held_s": median([r["held_s"] for r in rs]),
+                    "max_blocked_s": max(r["max_blocked_s"] for r in rs), "quiet_max_blocked_s": max(r["quiet_max_blocked_s"] for r in rs),
+                    "max_swap_s": max(r["max_swap_s"] for r in rs), "max_lock_wait_s": max(r["max_lock_wait_s"] for r in rs),
+                    "errors": [e for r in rs for e in r["errors"]],
+                })
+            rows.append(row)
     header["load_after"] = load_average()
+    nan = float("nan")
     print()
-    print("| replicas | wire s | lockstep s | lockstep / wire | naive s | push() stall ms | weights held ms | rollout blocked max ms (during / quiet) | longest swap ms |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms | rollout blocked max ms (during / quiet) | longest swap ms | load |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
-        ratio = r["push_s"] / r["wire_s"] if "push_s" in r and "wire_s" in r else float("nan")
-        print(f"| {r['replicas']} | {r.get('wire_s', float('nan')):.2f} | {r.get('push_s', float('nan')):.2f} | {ratio:.2f} | "
-              f"{r.get('naive_s', float('nan')):.2f} | {1e3 * r.get('stall_s', float('nan')):.0f} | {1e3 * r.get('held_s', float('nan')):.0f} | "
-              f"{1e3 * r.get('max_blocked_s', float('nan')):.2f} / {1e3 * r.get('quiet_max_blocked_s', float('nan')):.2f} | "
-              f"{1e3 * r.get('max_swap_s', float('nan')):.2f} |")
+        ratios = r.get("ratios") or [nan]
+        print(f"| {r['replicas']} | {r['copy']} | {median(r['wire_s']) if r['wire_s'] else nan:.2f} | {median(r['push_s']) if r.get('push_s') else nan:.2f} | "
+              f"**{median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) | {r['naive_s'] if r['naive_s'] is not None else nan:.2f} | "
+              f"{1e3 * r.get('stall_s', nan):.0f} | {1e3 * r.get('held_s', nan):.0f} | "
+              f"{1e3 * r.get('max_blocked_s', nan):.2f} / {1e3 * r.get('quiet_max_blocked_s', nan):.2f} | "
+              f"{1e3 * r.get('max_swap_s', nan):.2f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
     print(f"load before {header['load_before']}, after {header['load_after']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 # Every slot starts on this boundary: enough for any dtype view and for DMA engines.
@@ -112,10 +113,14 @@ class Arena:
         return cached
 
     def own_storage_views(self, layout: Layout) -> list[torch.Tensor]:
-        """Views whose storage is exactly their slot (``torch.save`` writes a tensor's whole storage)."""
+        """Views whose storage is exactly their slot (``torch.save`` writes a tensor's whole storage).
+
+        They keep the pages mapped for as long as they live, past :meth:`close` (through NumPy,
+        whose arrays hold the mapping's buffer; ``torch.frombuffer`` does not).
+        """
         out = []
         for slot in layout.slots:
-            raw = torch.frombuffer(self._map, dtype=torch.uint8, count=slot.nbytes, offset=slot.offset) if slot.nbytes else torch.empty(0, dtype=torch.uint8)
+            raw = torch.from_numpy(numpy.frombuffer(self._map, dtype=numpy.uint8, count=slot.nbytes, offset=slot.offset)) if slot.nbytes else torch.empty(0, dtype=torch.uint8)
             out.append(self._typed(slot, raw))
         return out
 
@@ -156,7 +161,8 @@ class Arena:
             self._pinned = False
         self._views = {}
         self._bytes = None
-        # If views handed out are still alive, the mapping is freed with the last of them.
+        # Views from own_storage_views() that are still alive keep the mapping until the last
+        # of them goes; views() are for the arena's owner, who closes it after them.
         with contextlib.suppress(BufferError):
             self._map.close()
         self._map = None

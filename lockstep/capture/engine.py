@@ -22,7 +22,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import os
 import queue
@@ -31,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +37,7 @@ import torch
 
 from lockstep.capture.arena import Arena, Layout
 from lockstep.capture.channel import Channel, ChannelClosed
+from lockstep.capture.pull import MemoryProbe, guard_optimizer_steps
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -110,6 +109,21 @@ class CaptureHandle:
     @property
     def failed(self) -> bool:
         return self._finished.is_set() and self._error is not None
+
+    def hold_optimizer_step(self) -> bool:
+        """The optimizer pre-step guard (``pull.guard_optimizer_steps``): True once the tensors may change."""
+        if self._staged.is_set():
+            return True
+        if self._stream_ordered:
+            return False  # the optimizer's kernels already wait for the device copies
+        if self._device_events and self._host_done.wait(0):
+            # Only device copies are left: order the optimizer's kernels after them, on the GPU.
+            for device, event in self._device_events:
+                torch.cuda.current_stream(device).wait_event(event)
+            self._stream_ordered = True
+            return False
+        self.wait_staged()
+        return True
 
     def _finish(self, result: dict | None, error: str | None) -> None:
         self._result, self._error = result, error
@@ -251,8 +265,7 @@ class Engine:
             handle._staged.clear()
             handle._host_done.clear()
             host = self._enqueue_device_copies(views, srcs, handle)
-            _install_optimizer_hook()
-            _OVERLAPPED.add(handle)
+            guard_optimizer_steps(handle)
             self._in_flight = handle
             self._read_ready_replies(worker)
             if self.pull and self._can_pull and all(src.is_contiguous() for _, src in host):
@@ -312,8 +325,8 @@ class Engine:
             # Can the worker read this process's memory (process_vm_readv)? It answers once it
             # runs; until then overlapped captures copy in a thread of this process.
             self._can_pull = None
-            self._probe = ctypes.create_string_buffer(_PROBE)
-            self._worker.channel.send(("probe", os.getpid(), ctypes.addressof(self._probe), len(_PROBE), _PROBE))
+            self._probe = MemoryProbe()
+            self._worker.channel.send(("probe", self._probe.request()))
         return self._worker
 
     def _ensure_arena(self, layout: Layout, worker: BackgroundProcess, populate: bool = True) -> None:
@@ -444,40 +457,6 @@ class Engine:
         worker.channel.close()
         if self._worker is worker:
             self._worker = None
-
-
-_PROBE = b"lockstep capture probe: can the worker read its parent's memory?"
-_OVERLAPPED: weakref.WeakSet[CaptureHandle] = weakref.WeakSet()
-_hook_installed = False
-_hook_lock = threading.Lock()
-
-
-def _before_optimizer_step(optimizer, args, kwargs) -> None:
-    """Global optimizer pre-step hook: weights may not change while an overlapped capture copies them."""
-    for handle in list(_OVERLAPPED):
-        if handle._staged.is_set():
-            _OVERLAPPED.discard(handle)
-            continue
-        started = time.perf_counter()
-        if handle._device_events and handle._host_done.wait(0) and not handle._stream_ordered:
-            # Only device copies are left: order the optimizer's kernels after them, on the GPU.
-            for device, event in handle._device_events:
-                torch.cuda.current_stream(device).wait_event(event)
-            handle._stream_ordered = True
-        elif not handle._stream_ordered:
-            handle.wait_staged()
-            _OVERLAPPED.discard(handle)
-        handle.blocked_s += time.perf_counter() - started
-
-
-def _install_optimizer_hook() -> None:
-    global _hook_installed
-    with _hook_lock:
-        if not _hook_installed:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-            register_optimizer_step_pre_hook(_before_optimizer_step)
-            _hook_installed = True
 
 
 def check_tensor(key: str, t: object) -> torch.Tensor:

@@ -13,7 +13,6 @@ A capture whose staging was interrupted was never sent, so it can never be publi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import os
 import queue
@@ -28,6 +27,7 @@ from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
 from lockstep.capture.events import EventSender
 from lockstep.capture.faults import FaultPlan
+from lockstep.capture.pull import can_read, pull_from
 
 
 class SinkContext:
@@ -69,45 +69,6 @@ class SinkContext:
     def take_pending(self) -> list[Any]:
         out, self._pending = self._pending, []
         return out
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-_IOV_MAX = 1024
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def pull_from(pid: int, arena: Arena, segments: list[tuple[int, int, int]], expect: bytes | None = None) -> bool:
-    """Copy ``(remote address, arena offset, nbytes)`` segments of process ``pid`` into ``arena``.
-
-    One ``process_vm_readv`` per 1,024 segments: the kernel copies straight from the training
-    process's tensors into the shared pages, no thread of the training process involved.
-    """
-    base = arena.address
-    todo = [(remote, base + offset, n) for remote, offset, n in segments if n]
-    while todo:
-        batch, todo = todo[:_IOV_MAX], todo[_IOV_MAX:]
-        local = (_Iovec * len(batch))(*[(dst, n) for _, dst, n in batch])
-        remote = (_Iovec * len(batch))(*[(src, n) for src, _, n in batch])
-        want = sum(n for _, _, n in batch)
-        got = _libc.process_vm_readv(pid, local, len(batch), remote, len(batch), 0)
-        if got < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
-        if got < want:  # stopped at a segment boundary or inside one: go on from there
-            rest, done = [], got
-            for src, dst, n in batch:
-                if done >= n:
-                    done -= n
-                    continue
-                rest.append((src + done, dst + done, n - done))
-                done = 0
-            todo = rest + todo
-    if expect is not None:
-        return bytes(arena.memoryview(0, len(expect))) == expect
-    return True
 
 
 class _Drainer:
@@ -178,15 +139,8 @@ def serve(channel: Channel) -> None:
         elif kind == "abort":
             pass  # for a job that already finished
         elif kind == "probe":
-            _, pid, address, length, expected = msg
-            probe = Arena(length, name="lockstep-probe")
             try:
-                ok = pull_from(pid, probe, [(address, 0, length)], expect=expected)
-            except OSError:
-                ok = False  # ptrace rules (Yama, seccomp) forbid it: the engine copies in a thread
-            probe.close()
-            try:
-                channel.send(("probe", ok))
+                channel.send(("probe", can_read(msg[1])))  # if not, the engine copies in a thread
             except ChannelClosed:
                 return
         elif kind == "device_staged":

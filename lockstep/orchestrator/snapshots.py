@@ -83,11 +83,22 @@ async def _take(orch, ranks, reason: str) -> dict:
     partial = fsutil.partial_path(final, "0")
     os.makedirs(partial, mode=0o700)
     released = False
+
+    def while_running(predicate):
+        # A rank that ends its script before the hold never reaches the boundary: say so at once
+        # (the CLI waits for this answer, and the orchestrator, ending, waits for the CLI).
+        def check():
+            ended = [f"rank {r.rank} {r.status}" for r in ranks if r.status in ("finished", "failed")]
+            if ended:
+                raise core.Unrecoverable(f"the job ended before the snapshot was taken ({', '.join(ended)}); nothing was written")
+            return predicate()
+        return check
+
     try:
         for r in ranks:
             r.events.pop("snapshot_prepared", None)
             r.conn.send({"op": "snapshot_prepare", "id": sid})
-        await orch.wait_until(lambda: all(r.events.get("snapshot_prepared", {}).get("id") == sid for r in ranks),
+        await orch.wait_until(while_running(lambda: all(r.events.get("snapshot_prepared", {}).get("id") == sid for r in ranks)),
                               "every rank to prepare for the snapshot")
         prepare_s = time.monotonic() - t0
         step_time = max(r.step_time_s for r in ranks)
@@ -97,7 +108,7 @@ async def _take(orch, ranks, reason: str) -> dict:
                 r.holding_at = None
                 r.events.pop("hold_missed", None)
                 r.conn.send({"op": "hold", "boundary": boundary})
-            await orch.wait_until(lambda b=boundary: all(r.holding_at == b or "hold_missed" in r.events for r in ranks),
+            await orch.wait_until(while_running(lambda b=boundary: all(r.holding_at == b or "hold_missed" in r.events for r in ranks)),
                                   f"every rank to hold at step {boundary}")
             if not any("hold_missed" in r.events for r in ranks):
                 break
@@ -120,7 +131,7 @@ async def _take(orch, ranks, reason: str) -> dict:
             if failed:
                 raise core.Unrecoverable("snapshot failed: " + "; ".join(failed))
 
-        await orch.wait_until(lambda: reached("snapshot_staged"), "every rank to stage its state")
+        await orch.wait_until(while_running(lambda: reached("snapshot_staged")), "every rank to stage its state")
         for r in ranks:
             if r.conn:
                 r.conn.send({"op": "release"})

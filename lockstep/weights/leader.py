@@ -17,6 +17,14 @@ and the gate follows the contiguous prefix they have finished, so each chunk is 
 it is in. ``pulled`` tells the trainer its weights may change again; the arena is not handed back
 and no delivery is reported before that.
 
+A ``live`` push (a publisher made with ``share=True``, the trainer's ``overlap``) is not staged
+at all: the trainer's weights live in a second shared buffer (``live``), and the senders read
+them there while the trainer's optimizer steps wait. Only once every replica has the version (or
+is gone) does the leader copy its changed tensors into the arena, for late joiners and restarts;
+then ``pulled`` frees the trainer's weights. So the push moves each byte as often as a plain bulk
+copy does (the kernel's copy out, the replica's copy in), and the copy for the arena is off its
+path (replicas that join meanwhile get the version from the arena after it).
+
 All state lives in one thread (``Leader.run``) fed by an event queue; the other threads only
 read sockets and post events.
 """
@@ -24,6 +32,7 @@ read sockets and post events.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hmac
 import itertools
 import os
@@ -39,7 +48,7 @@ from datetime import timedelta
 from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
 from lockstep.capture.events import EventSender
-from lockstep.capture.worker import pull_from
+from lockstep.capture.pull import can_read, pull_from
 from lockstep.weights.links import PairGroupLink, TcpLink
 from lockstep.weights.plan import needed, stripe
 from lockstep.weights.protocol import ProtocolError, recv_frame, send_frame
@@ -95,10 +104,10 @@ class Gate:
 class Link:
     """A data link and the thread that sends versions on it."""
 
-    def __init__(self, replica: str, epoch: int, stream: int, link, events: queue.Queue, arena: Arena, slots, gate: Gate):
+    def __init__(self, replica: str, epoch: int, stream: int, link, events: queue.Queue, slots, gate: Gate):
         self.replica, self.epoch, self.stream, self.link = replica, epoch, stream, link
         self.jobs: queue.Queue = queue.Queue()
-        self._events, self._arena, self._slots, self._gate = events, arena, slots, gate
+        self._events, self._slots, self._gate = events, slots, gate
         self.thread = threading.Thread(target=self._run, name=f"send-{replica}-{stream}", daemon=True)
         self.thread.start()
 
@@ -107,9 +116,9 @@ class Link:
             job = self.jobs.get()
             if job is None:
                 return
-            header, segments = job
+            header, segments, source = job  # source: the arena, or the trainer's live weights
             try:
-                parts = [(self._arena.memoryview(self._slots[t].offset + off, n), self._slots[t].offset + off + n) for t, off, n in segments]
+                parts = [(source.memoryview(self._slots[t].offset + off, n), self._slots[t].offset + off + n) for t, off, n in segments]
                 self.link.send_version(header, parts, self._gate.wait)
             except Exception as exc:  # the replica went away mid-send
                 self._events.put(("gone_epoch", self.replica, self.epoch, f"stream {self.stream}: {exc!r}"))
@@ -121,9 +130,10 @@ class Link:
 
 
 class Leader:
-    def __init__(self, channel: Channel, init: dict, arena: Arena):
+    def __init__(self, channel: Channel, init: dict, arena: Arena, live: Arena | None = None):
         self.channel = channel
         self.arena = arena
+        self.live = live  # the trainer's weights themselves (share=True), same layout as the arena
         self.publisher = init["publisher"]
         self.job = init.get("job")
         self.layout = init["layout"]  # [[key, dtype, shape, nbytes]...] in arena order
@@ -141,7 +151,10 @@ class Leader:
         self.arena_held = False
         self.acquire_waiting = False
         self.delivery: dict | None = None
-        self.pulling = False  # a pull push's reads of the trainer are running
+        self.pulling = False  # the trainer's weights are held for this version (pull or live push)
+        self.live_version: int | None = None  # a live push: sent from the trainer's weights
+        self.live_readers: set[str] = set()  # replicas still receiving it from there
+        self.copying = False  # the live version's changed tensors are being copied into the arena
         self.epochs = 0
         self.notify = EventSender()
         host = init["host"]
@@ -261,6 +274,8 @@ class Leader:
                 self._drop(event[1], event[3], sock=event[2])
             elif kind == "pulled":
                 self._on_pulled(event[1], event[2])
+            elif kind == "copied":
+                self._on_copied(event[1])
             elif kind == "gone_epoch":
                 r = self.replicas.get(event[1])
                 if r is not None and r.epoch == event[2]:
@@ -284,6 +299,13 @@ class Leader:
             self.pulling = True
             self._begin(version, changed_at)
             threading.Thread(target=self._pull, args=(version, pid, segments), name="pull", daemon=True).start()
+        elif op == "live":
+            _, version, changed_at = msg
+            self.gate.set(float("inf"))  # nothing to wait for: the weights are all there
+            self.pulling = True
+            self.live_version = version
+            self._begin(version, changed_at)
+            self._maybe_copy_live()
         elif op == "staged":
             _, version, changed_at = msg
             self.gate.set(float("inf"))
@@ -341,6 +363,28 @@ class Leader:
                 self._drop(name, error)
         self._maybe_delivered()
 
+    def _maybe_copy_live(self) -> None:
+        """Once no replica reads the live version any more, copy what changed into the arena."""
+        if self.live_version is None or self.live_readers or self.copying:
+            return
+        self.copying = True
+        version = self.live_version
+        segments = [(self.slots[i].offset, self.sizes[i]) for i, v in enumerate(self.changed_at) if v == version and self.sizes[i]]
+        threading.Thread(target=self._copy_live, args=(version, segments), name="copy-live", daemon=True).start()
+
+    def _copy_live(self, version: int, segments: list[tuple[int, int]]) -> None:
+        for offset, n in segments:  # ctypes releases the GIL: the senders' threads run on
+            ctypes.memmove(self.arena.address + offset, self.live.address + offset, n)
+        self.events.put(("copied", version))
+
+    def _on_copied(self, version: int) -> None:
+        self.copying = False
+        self.live_version = None
+        self._on_pulled(version, None)
+        for r in self.replicas.values():  # joined while the arena was being written: send it now
+            if len(r.links) == self.streams and r.sending is None and r.acked != self.version:
+                self._start_send(r)
+
     def _begin(self, version: int, changed_at: list[int]) -> None:
         self.arena_held = False
         self.version, self.changed_at = version, changed_at
@@ -381,7 +425,7 @@ class Leader:
         if r is None or r.epoch != epoch or not 0 <= stream < self.streams or stream in r.links:
             link.close()
             return
-        r.links[stream] = Link(name, epoch, stream, link, self.events, self.arena, self.slots, self.gate)
+        r.links[stream] = Link(name, epoch, stream, link, self.events, self.slots, self.gate)
         if len(r.links) == self.streams and self.version is not None and not self.arena_held and r.sending is None:
             self._start_send(r)  # a late joiner: the latest version, whole
 
@@ -392,6 +436,8 @@ class Leader:
         op = frame.get("op")
         if op == "received" and frame.get("version") == r.sending:
             r.acked, r.sending = r.sending, None
+            self.live_readers.discard(name)
+            self._maybe_copy_live()
             if self.delivery is not None and name in self.delivery["waiting"]:
                 self.delivery["waiting"].discard(name)
                 self.delivery["result"][name] = "received"
@@ -404,12 +450,18 @@ class Leader:
             r.acked = None  # it lost track of its buffers: send everything next time
 
     def _start_send(self, r: Replica) -> None:
+        if self.copying:
+            return  # the arena is being written: _on_copied starts it
+        source = self.arena
+        if self.live_version is not None and self.live_version == self.version:
+            source = self.live
+            self.live_readers.add(r.name)
         tensors = needed(self.changed_at, r.acked)
         stripes = stripe(self.sizes, tensors, self.streams)
         header_base = {"version": self.version, "send": tensors, "changed_at": self.changed_at}
         r.sending = self.version
         for k, segments in enumerate(stripes):
-            r.links[k].jobs.put(({**header_base, "stream": k, "segments": [list(s) for s in segments]}, segments))
+            r.links[k].jobs.put(({**header_base, "stream": k, "segments": [list(s) for s in segments]}, segments, source))
         if self.delivery is not None and self.delivery["version"] == self.version:
             self.delivery["bytes"] += sum(self.sizes[t] for t in tensors)
 
@@ -420,6 +472,9 @@ class Leader:
         del self.replicas[name]
         for link in r.links.values():
             link.close()
+        if name in self.live_readers:
+            self.live_readers.discard(name)
+            self._maybe_copy_live()
         with contextlib.suppress(OSError):
             r.sock.close()
         if self.delivery is not None and name in self.delivery["waiting"]:
@@ -429,8 +484,8 @@ class Leader:
 
     def _maybe_delivered(self) -> None:
         d = self.delivery
-        if d is None or d["waiting"] or self.pulling:
-            return
+        if d is None or d["waiting"] or (self.pulling and self.live_version is None):
+            return  # a live push is delivered once the replicas have it; the arena copy comes after
         self.delivery = None
         result = {
             "version": d["version"],
@@ -456,16 +511,6 @@ class Leader:
         }
 
 
-def _can_pull(pid: int, address: int, length: int, expected_hex: str) -> bool:
-    probe = Arena(length, name="lockstep-probe")
-    try:
-        return pull_from(pid, probe, [(address, 0, length)], expect=bytes.fromhex(expected_hex))
-    except OSError:
-        return False  # ptrace rules (Yama, seccomp) forbid it: pushes copy on the trainer
-    finally:
-        probe.close()
-
-
 def main() -> None:
     import torch
 
@@ -478,8 +523,9 @@ def main() -> None:
             raise ProtocolError(f"expected init, got {msg[0]!r}")
         init = msg[1]
         arena = Arena.attach(fds[0], init["capacity"])
-        leader = Leader(channel, init, arena)
-        channel.send(("listening", {**leader.addresses(), "can_pull": _can_pull(*init["probe"])}))
+        live = Arena.attach(fds[1], init["capacity"]) if init.get("live") else None
+        leader = Leader(channel, init, arena, live)
+        channel.send(("listening", {**leader.addresses(), "can_pull": can_read(init["probe"])}))
         leader.run()
     except BaseException:
         traceback.print_exc()

@@ -6,7 +6,9 @@ straight from the publisher's shared arena and written straight into the replica
 - ``TcpLink``: a TCP connection (``sendall`` of arena memoryviews, ``recv_into`` tensor bytes).
 - ``PairGroupLink``: a two-rank ``torch.distributed`` process group of its own (rank 0 the
   leader's sender, rank 1 the replica), rendezvous through the leader's ``TCPStore`` under a
-  prefix unique to the link. ``backend="gloo"`` here; the same code drives ``ProcessGroupNCCL``
+  prefix unique to the link. Up to ``WINDOW`` segments are in flight each way (gloo matches
+  sends and receives of one tag in order), so a link does not stop for a round trip between
+  segments. ``backend="gloo"`` here; the same code drives ``ProcessGroupNCCL``
   where the segments are CUDA tensors (see ``lockstep/weights/README.md``).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from collections import deque
 from datetime import timedelta
 
 import torch
@@ -38,8 +41,9 @@ class TcpLink:
     def recv_header(self) -> dict:
         return recv_frame(self.sock)
 
-    def recv_into(self, view: memoryview) -> None:
-        recv_into_exact(self.sock, view)
+    def recv_segments(self, views: list[memoryview]) -> None:
+        for view in views:
+            recv_into_exact(self.sock, view)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -49,6 +53,7 @@ class TcpLink:
 
 class PairGroupLink:
     TAG = 7
+    WINDOW = 4  # segments posted ahead of the one being completed
 
     def __init__(self, store, prefix: str, rank: int, *, backend: str = "gloo", timeout_s: float = 300.0):
         import torch.distributed as dist
@@ -73,10 +78,15 @@ class PairGroupLink:
         data = json.dumps(header, separators=(",", ":")).encode()
         self._send(torch.tensor([len(data)], dtype=torch.int64))
         self._send(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        posted: deque = deque()
         for view, end in parts:
             if wait is not None:
                 wait(end)
-            self._send(torch.frombuffer(view, dtype=torch.uint8))
+            posted.append(self.pg.send([torch.frombuffer(view, dtype=torch.uint8)], self.peer, self.TAG))
+            if len(posted) > self.WINDOW:
+                posted.popleft().wait()
+        while posted:
+            posted.popleft().wait()
 
     def recv_header(self) -> dict:
         n = torch.zeros(1, dtype=torch.int64)
@@ -91,8 +101,14 @@ class PairGroupLink:
             raise ProtocolError("header is not an object")
         return header
 
-    def recv_into(self, view: memoryview) -> None:
-        self._recv(torch.frombuffer(view, dtype=torch.uint8))
+    def recv_segments(self, views: list[memoryview]) -> None:
+        posted: deque = deque()
+        for view in views:
+            posted.append(self.pg.recv([torch.frombuffer(view, dtype=torch.uint8)], self.peer, self.TAG))
+            if len(posted) > self.WINDOW:
+                posted.popleft().wait()
+        while posted:
+            posted.popleft().wait()
 
     def close(self) -> None:
         with contextlib.suppress(AttributeError, RuntimeError):

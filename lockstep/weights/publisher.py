@@ -15,6 +15,13 @@ do ``PushHandle.wait`` and the next ``push``: only the optimizer (or the caller 
 change the weights. Where the leader cannot read this process (ptrace rules, CUDA or
 non-contiguous tensors, a ``delta`` comparison) the push copies here as without ``overlap``.
 
+``WeightPublisher(module, share=True)`` goes further: the module's parameters and buffers are
+moved into a buffer shared with the leader (one flat memfd, each tensor its own storage in it),
+so ``push(overlap=True)`` copies nothing before sending: the leader sends straight from the
+trainer's weights, every optimizer step waits until every replica has them, and the leader then
+copies the changed tensors into the arena (for late joiners) before it frees the weights. The
+push moves each byte as a plain bulk copy does; the weights are held for the push plus that copy.
+
 Memory: one arena of the weights' size on the trainer host, shared with the leader; each replica
 holds two buffers per tensor (the version it runs and the one it receives).
 """
@@ -22,12 +29,10 @@ holds two buffers per tensor (the version it runs and the one it receives).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Mapping
 
 import torch
@@ -36,6 +41,7 @@ from torch import nn
 from lockstep.capture.arena import Arena, Layout
 from lockstep.capture.channel import ChannelClosed
 from lockstep.capture.engine import BackgroundProcess, CaptureInFlight, check_tensor
+from lockstep.capture.pull import MemoryProbe, guard_optimizer_steps
 
 TRANSPORTS = ("tcp", "gloo")
 PROGRESS_BYTES = 32 << 20  # while staging, tell the leader how far the copy got every 32 MiB
@@ -58,6 +64,7 @@ class PushHandle:
         self.stall_s = stall_s  # how long push() blocked the trainer
         self.changed = changed  # tensors that changed since the previous version
         self.staged_bytes = staged_bytes
+        self.delivered_s: float | None = None  # push() to the leader's word that every replica has it
         self.pulled = False  # overlap: the leader reads the tensors out of this process
         self.blocked_s = 0.0  # overlap: time optimizer steps waited for the leader's reads
         self._staged = True
@@ -65,6 +72,7 @@ class PushHandle:
         self._keepalive: list | None = None  # sources the leader is still reading
         self._publisher = publisher
         self._result: dict | None = None
+        self._started = time.perf_counter() - stall_s
 
     @property
     def staged(self) -> bool:
@@ -99,6 +107,12 @@ class PushHandle:
             raise PushFailed(self._error)
         return self._result
 
+    def hold_optimizer_step(self) -> bool:
+        """The optimizer pre-step guard (``pull.guard_optimizer_steps``): wait until the leader has read the weights."""
+        with contextlib.suppress(PushFailed):  # reported by wait(); the weights are free either way
+            self.wait_staged()
+        return True
+
     def _set_staged(self, error: str | None = None) -> None:
         self._staged = True
         self._error = self._error or error
@@ -118,8 +132,10 @@ class WeightPublisher:
         transport: str = "tcp",
         delta: bool = False,
         token: str | None = None,
+        share: bool = False,
         start_timeout_s: float = 120.0,
     ):
+        """``share=True`` (``weights`` an ``nn.Module``): move its tensors into memory shared with the leader."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if not 1 <= streams <= 64:
@@ -131,6 +147,10 @@ class WeightPublisher:
         self.publisher_id = uuid.uuid4().hex
         self._arena = Arena(self.layout.nbytes, name="lockstep-weights")
         self._views = self._arena.views(self.layout)
+        self._live: Arena | None = None  # share=True: the module's own tensors live here
+        self._live_ptrs: list[int] = []
+        if share:
+            self._live, self._live_ptrs = _share(weights, self.keys, self.layout)
         self._changed_at = [0] * len(self.keys)
         self._version = 0
         self._pending: PushHandle | None = None
@@ -139,21 +159,23 @@ class WeightPublisher:
         self._status: dict | None = None
         self._proc = BackgroundProcess("lockstep.weights.leader")
         # Can the leader read this process's memory (process_vm_readv)? It tries on this buffer.
-        probe = ctypes.create_string_buffer(_PROBE)
+        probe = MemoryProbe()
         init = {
-            "probe": [os.getpid(), ctypes.addressof(probe), len(_PROBE), _PROBE.hex()],
+            "probe": probe.request(),
             "publisher": self.publisher_id,
             "job": os.environ.get("LOCKSTEP_JOB"),  # under lockstep run: the console shows it as the job's
             "layout": [[s.key, str(s.dtype), list(s.shape), s.nbytes] for s in self.layout.slots],
             "slots": list(self.layout.slots),
             "capacity": self._arena.capacity,
+            "live": self._live is not None,
             "streams": streams,
             "transport": transport,
             "token": token,
             "host": host,
             "port": port,
         }
-        self._proc.channel.send(("init", init), fds=[self._arena.fd])
+        fds = [self._arena.fd] if self._live is None else [self._arena.fd, self._live.fd]
+        self._proc.channel.send(("init", init), fds=fds)
         msg, _ = self._proc.channel.recv(timeout=start_timeout_s)
         if msg[0] != "listening":
             raise PushFailed(f"leader did not start: {msg!r}")
@@ -205,14 +227,22 @@ class WeightPublisher:
                 copy = [i for i, slot in enumerate(self.layout.slots) if hint is None or slot.key in hint]
                 for i in copy:
                     self._changed_at[i] = version
+                if overlap and self._live is not None and all(srcs[i].data_ptr() == self._live_ptrs[i] and srcs[i].is_contiguous() for i in copy):
+                    # The module's tensors are the leader's live buffer: it sends straight from them.
+                    self._proc.channel.send(("live", version, list(self._changed_at)))
+                    self._version = version
+                    handle = PushHandle(self, version, time.perf_counter() - started, len(copy), 0)
+                    handle.pulled, handle._staged = True, False
+                    guard_optimizer_steps(handle)
+                    self._pending = handle
+                    return handle
                 if overlap and self.leader_reads_memory and all(not srcs[i].is_cuda and srcs[i].is_contiguous() for i in copy):
                     pull = [(srcs[i].data_ptr(), self.layout.slots[i].offset, self.layout.slots[i].nbytes) for i in copy]
                     self._proc.channel.send(("pull", version, list(self._changed_at), os.getpid(), pull))
                     self._version = version
                     handle = PushHandle(self, version, time.perf_counter() - started, len(copy), sum(n for _, _, n in pull))
                     handle.pulled, handle._staged, handle._keepalive = True, False, srcs
-                    _install_optimizer_hook()
-                    _PULLING.add(handle)
+                    guard_optimizer_steps(handle)
                     self._pending = handle
                     return handle
                 self._proc.channel.send(("staging", version, list(self._changed_at)))
@@ -262,6 +292,8 @@ class WeightPublisher:
                 self._proc = None
             self._views = []
             self._arena.close()
+            if self._live is not None:
+                self._live.close()  # the module's tensors keep its pages mapped
 
     def _acquire(self) -> None:
         self._free = False
@@ -285,6 +317,7 @@ class WeightPublisher:
                 result = msg[1]
                 if self._pending is not None and self._pending.version == result["version"]:
                     self._pending._result = result
+                    self._pending.delivered_s = time.perf_counter() - self._pending._started
             elif msg[0] == "pulled":
                 if self._pending is not None and self._pending.version == msg[1]:
                     self._pending._set_staged(msg[2])
@@ -294,28 +327,31 @@ class WeightPublisher:
                 self._status = msg[1]
 
 
-_PROBE = b"lockstep weights probe: can the leader read its trainer's memory?"
-_PULLING: weakref.WeakSet[PushHandle] = weakref.WeakSet()
-_hook_installed = False
-_hook_lock = threading.Lock()
+def _share(module, keys: list[str], layout: Layout) -> tuple[Arena, list[int]]:
+    """Move ``module``'s parameters and buffers named ``keys`` into one new shared buffer.
 
-
-def _before_optimizer_step(optimizer, args, kwargs) -> None:
-    """Global optimizer pre-step hook: weights may not change while the leader reads them."""
-    for handle in list(_PULLING):
-        if not handle._staged:
-            started = time.perf_counter()
-            with contextlib.suppress(PushFailed):  # reported by the handle's wait(); the weights are free either way
-                handle.wait_staged()
-            handle.blocked_s += time.perf_counter() - started
-        _PULLING.discard(handle)
-
-
-def _install_optimizer_hook() -> None:
-    global _hook_installed
-    with _hook_lock:
-        if not _hook_installed:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-            register_optimizer_step_pre_hook(_before_optimizer_step)
-            _hook_installed = True
+    Each tensor keeps its identity (``.data`` is re-pointed, so optimizers and hooks holding it
+    see the move) and gets a storage of exactly its own bytes (``torch.save`` of one saves one).
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError("share=True takes an nn.Module: its parameters and buffers move into the shared buffer")
+    own = dict(module.named_parameters(remove_duplicate=False))
+    own.update(module.named_buffers(remove_duplicate=False))
+    missing = [k for k in keys if k not in own]
+    if missing:
+        raise ValueError(f"share=True: {missing[:5]} are in the state dict but not parameters or buffers of the module")
+    tensors = [own[k] for k in keys]
+    if any(t.is_cuda for t in tensors):
+        raise ValueError("share=True holds host tensors; CUDA weights would need a CUDA IPC buffer (not built)")
+    ptrs = [t.data_ptr() for t in tensors if t.nbytes]
+    if len(set(ptrs)) != len(ptrs):
+        tied = sorted({k for k, t in zip(keys, tensors, strict=True) if t.nbytes and ptrs.count(t.data_ptr()) > 1})
+        raise ValueError(f"share=True cannot keep tied tensors tied: {tied[:5]} share memory")
+    live = Arena(layout.nbytes, name="lockstep-weights-live")
+    views = live.own_storage_views(layout)
+    with torch.no_grad():
+        for t, view in zip(tensors, views, strict=True):
+            view.copy_(t)
+            t.data = view
+    # The mapping stays as long as the module's tensors use it (Arena.close leaves it to them).
+    return live, [v.data_ptr() for v in views]

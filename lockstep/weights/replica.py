@@ -244,10 +244,10 @@ class WeightReplica:
                 header = link.recv_header()
                 rec = self._begin(header)
                 segments = parse_segments(header.get("segments"), sizes)
-                for t, off, n in segments:
+                for t, _, _ in segments:
                     if t not in rec.dest:
                         raise ProtocolError(f"segment for tensor {t}, which this version does not send")
-                    link.recv_into(self._raw[t][rec.dest[t]][off : off + n])
+                link.recv_segments([self._raw[t][rec.dest[t]][off : off + n] for t, off, n in segments])
                 self._finish(rec, stream, streams)
         except (OSError, ConnectionError, ProtocolError, RuntimeError, ValueError) as exc:
             if not self._closed:

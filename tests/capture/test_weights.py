@@ -184,6 +184,68 @@ def test_an_overlapped_push_is_read_by_the_leader_and_the_optimizer_step_waits_f
         pub.close()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
+def test_a_shared_module_is_sent_from_its_own_memory_and_a_late_joiner_gets_the_last_version(transport):
+    # share=True: the module's tensors move into the buffer the leader sends from, so a push
+    # stages nothing; the optimizer step waits until the replica has the version and the arena
+    # (for late joiners) has it too.
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.BatchNorm1d(2048))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    weight = model[0].weight
+    pub = WeightPublisher(model, streams=3, transport=transport, share=True)
+    homed = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    assert model[0].weight is weight and opt.param_groups[0]["params"][0] is weight  # same objects, moved
+    replica = WeightReplica(pub.address, name="r")
+    late = None
+    try:
+        for version in (1, 2, 3):
+            expected = {k: v.clone() for k, v in model.state_dict().items()}
+            handle = pub.push(model, overlap=True)
+            assert handle.pulled and handle.staged_bytes == 0  # nothing copied before sending
+            for p in model.parameters():
+                p.grad = torch.full_like(p, 0.25)
+            opt.step()  # waits until the replica and the arena have the version
+            assert handle.staged
+            result = handle.wait(timeout=120)
+            assert handle.delivered_s is not None
+            if version > 1:  # connected by now (version 1 may reach it as a late joiner)
+                assert result["replicas"] == {"r": "received"}
+            replica.wait_for_version(version, timeout=60)
+            with replica.hold() as w:
+                assert w.version == version
+                for k, v in expected.items():
+                    assert torch.equal(w.tensors[k], v), (version, k)
+        assert {k: v.data_ptr() for k, v in model.state_dict().items()} == homed  # still in the shared buffer
+        late = WeightReplica(pub.address, name="late")  # served from the arena: version 3, not the stepped weights
+        late.wait_for_version(3, timeout=60)
+        with late.hold() as w:
+            assert w.version == 3
+            for k, v in expected.items():
+                assert torch.equal(w.tensors[k], v), k
+        assert not torch.equal(model[0].weight, expected["0.weight"])
+    finally:
+        for r in (replica, late):
+            if r is not None:
+                r.close()
+        pub.close()
+    stepped = model[0].weight.detach().clone()
+    model(torch.randn(4, 1024)).sum().backward()  # the tensors outlive the publisher's buffer handle
+    opt.step()
+    assert not torch.equal(model[0].weight, stepped)
+
+
+def test_share_refuses_what_it_cannot_move_whole():
+    with pytest.raises(TypeError, match="nn.Module"):
+        WeightPublisher({"w": torch.zeros(4)}, share=True)
+    tied = torch.nn.Module()
+    tied.a = torch.nn.Linear(4, 4)
+    tied.b = torch.nn.Linear(4, 4)
+    tied.b.weight = tied.a.weight
+    with pytest.raises(ValueError, match="tied"):
+        WeightPublisher(tied, share=True)
+
+
 def test_push_is_refused_while_the_previous_is_in_flight_when_asked_not_to_block():
     from lockstep.capture import CaptureInFlight
 

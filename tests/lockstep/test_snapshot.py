@@ -10,6 +10,8 @@ import os
 import random
 import re
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -103,3 +105,37 @@ def test_restore_of_an_unknown_snapshot_is_refused(tmp_path):
 def test_snapshot_of_a_job_that_is_not_running(tmp_path):
     done = _cli(tmp_path, "snapshot", "--job", "nojob")
     assert done.returncode == 1 and "no running job named 'nojob'" in done.stderr
+
+
+def test_a_snapshot_ordered_as_the_job_ends_answers_at_once(job_factory, tmp_path):
+    # The script's last step is done; it will never reach the hold boundary. Once it ends, the
+    # snapshot must say so promptly (it used to wait out the orchestrator's 180 s timeout).
+    gate = tmp_path / "gate"
+    job = job_factory("waits_before_exit.py", ["8", str(gate)])
+    deadline = time.monotonic() + 300
+    while "steps done: 8" not in job.output:
+        assert time.monotonic() < deadline and job.proc.poll() is None, job.output[-3000:]
+        time.sleep(0.05)
+    answer = {}
+
+    def order():
+        started = time.monotonic()
+        answer["done"] = job.cli("snapshot", "--job", job.name, timeout=170)
+        answer["after_s"] = time.monotonic() - started
+
+    ordering = threading.Thread(target=order)
+    ordering.start()
+    # The ranks prepare (they are still running), then never hold: the script has no more steps.
+    root = job.state_dir / "snapshots" / job.name
+    deadline = time.monotonic() + 120
+    while not (root.is_dir() and any(name.startswith(".") for name in os.listdir(root))):
+        assert time.monotonic() < deadline and ordering.is_alive(), answer
+        time.sleep(0.05)
+    ended_at = time.monotonic()
+    gate.touch()
+    assert job.wait() == 0, job.output[-3000:]
+    ordering.join(170)
+    done = answer["done"]
+    assert done.returncode == 1 and "the job ended before the snapshot was taken" in done.stderr, (done.stdout, done.stderr)
+    assert time.monotonic() - ended_at < 60  # answered when the job ended, far inside the 180 s timeout
+    assert not os.listdir(root)  # the partial directory is gone
