@@ -41,9 +41,15 @@ def reference(tmp_root: Path, script: str, args: list[str]) -> dict:
     key = (script, tuple(args))
     if key not in _REFERENCES:
         out = tmp_root / f"ref-{script}-{'-'.join(args)}.pt"
-        cmd = [str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
-               str(SCRIPTS / script), str(out), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        for attempt in range(2):
+            cmd = [str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
+                   str(SCRIPTS / script), str(out), *args]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            # Plain PyTorch's gloo sometimes aborts a rank at teardown on a loaded machine
+            # (std::terminate: "terminate called without an active exception"): that is the
+            # baseline failing, not what a test checks, so the reference is made once more.
+            if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
+                break
         assert proc.returncode == 0, proc.stderr[-3000:]
         _REFERENCES[key] = load(out)
     return _REFERENCES[key]
