@@ -5,11 +5,14 @@ It launches this node's workers with the environment torchrun's agent would give
 reported to the orchestrator the moment ``waitpid`` returns (a ``kill -9`` is seen in
 milliseconds, not after a collective times out), the other workers keep running. It owns the
 node's shared-memory directory where every rank replicates its small state, keeps ``--spares N``
-warm spare processes, and starts replacements when the orchestrator asks.
+warm spare processes, and starts replacements when the orchestrator asks. In a multi-node job it
+also runs a ``PeerServer``: it sends its ranks' small state to the next node's supervisor and
+keeps the previous node's, and it watches the node that runs the orchestrator, taking over if it
+is that node's first successor (``_take_over``; the design is in ``server``'s docstring).
 
 Node 0 (the leader) also hosts the job's TCPStore on ``MASTER_ADDR:MASTER_PORT`` (the workers
 use it as torchrun's agent store) and runs the orchestrator as a child process, restarting it
-(``--resume``) if it dies. Exit status: 0 when the job finished, else the job's failure status
+(``--resume``) if it dies; after a takeover the successor does both. Exit status: 0 when the job finished, else the job's failure status
 (1, as torchrun's ``ChildFailedError``), 128+N after signal N.
 """
 

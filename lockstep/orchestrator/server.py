@@ -2,7 +2,8 @@
 
 Where it runs and how it survives its own restart: it is a child of the leader node's
 supervisor (node 0's ``lockstep run``), which also hosts the job's TCPStore, and it keeps its
-state in a journal (``jobdir``) rewritten atomically after every change. If it dies, the
+state in a journal (``jobdir``) rewritten atomically after every change, and sent to the
+supervisors of its first ``JOURNAL_COPIES`` successors. If it dies, the
 supervisor starts it again with ``--resume`` on the same port; every rank's control thread and
 every node supervisor reconnect and say ``hello`` again with what they know (generation, step,
 phase), so the orchestrator rebuilds its view from the journal plus those hellos. A recovery
@@ -10,18 +11,36 @@ that was under way is started again from its beginning (freezing the groups a se
 harmless: the ranks report the same progress). Training never waits on the orchestrator; while
 it is down the job runs, and a failure in that window is handled once it is back (the
 supervisors keep the dead rank's exit and shared-memory state until then). The journal also
-names the nodes, and the copies of non-leader ranks' small state are kept in the job directory as
-they arrive, so a node that dies while this process is down is declared lost once the restarted
-one has waited ``RESUME_GRACE_S`` plus the node timeout for its hello, and its ranks are replaced
-from those copies.
+names the nodes and who holds whose copies, so a node that dies while this process is down is
+declared lost once the restarted one has waited ``RESUME_GRACE_S`` plus the node timeout for its
+hello, and its ranks are replaced from the copies its holder kept.
+
+Copies of the small state, peer to peer: every node's supervisor sends its ranks' small state
+(RNG, buffers, data positions; ``runtime/smallstate``) as it is written straight to the
+supervisor of the next alive node of a ring (``core.ring``; the ``peers`` order names it), which
+keeps it in memory: this process never carries it, and the copies outlive its restarts.
+
+How the job survives the loss of this process's node (its supervisor, this process and the
+job's TCPStore die together): the ring read from the node after this one is the *succession*,
+sent to every supervisor with each node's *standby* address (a port its supervisor reserved at
+start). Every other supervisor holds a ``watch`` connection to this node's supervisor
+(``node.PeerServer``); its closing without a ``bye`` (the process died) or its keep-alive
+failing (the host died) is the node's loss. The first successor -- which holds the lost node's
+copies and the journal -- starts a TCPStore and an orchestrator of its own on its standby port
+with ``--takeover-from``; the others reconnect there (their ranks follow through a file in the
+node directory), and the orchestrator loses the old node's ranks as in any node loss: survivors
+freeze, spares replace them from the copies, every group's next generation is built in the new
+store (``rebuild`` carries its address; replacements get it as ``MASTER_ADDR``). Where this
+cannot be survived -- a single-node job, no successor named yet, a successor that does not answer
+within ``node.TAKEOVER_TIMEOUT_S``, no spare, no replica -- every node's supervisor stops its
+workers and exits 1 with the reason, as torchrun's agents do when their rendezvous host is gone.
 
 Losses it handles: a rank killed (its supervisor's ``waitpid``), several at once, a loss while
 a recovery is under way (the recovery starts over with every rank lost so far and retires the
 replacements it had started; spares permitting), and a whole node: a supervisor silent for
 ``LOCKSTEP_NODE_TIMEOUT_S`` (1.5 s; on this host, silent with its connection closed) loses
-all its ranks, which are replaced from the copies of their small state the supervisors of
-non-leader nodes forward here as the ranks write it. The leader node's loss ends the job (it
-holds the store and this process), as the loss of torchrun's rendezvous host would.
+all its ranks, which are replaced from the copies of their small state its holder kept; the
+loss of this process's own node is survived by a takeover (above).
 
 Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
 the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,

@@ -1,8 +1,9 @@
 """The loss of a whole node: two ``lockstep run`` processes on this machine make a two-node job
 (2 ranks each, gloo); node 1's supervisor is killed with ``kill -9`` (its workers and warm spare
 die with it, as on a node that loses power). The leader notices the node's silence, replaces
-both ranks on its own spares from the copies of their small state that node 1 forwarded, and
-the job finishes bitwise equal to a failure-free run."""
+both ranks on its own spares from the copies of their small state that node 1 sent node 0's
+supervisor, and the job finishes bitwise equal to a failure-free run. Node 0 -- the orchestrator's
+and the store's node -- is lost the same way in the last two tests: node 1 takes over."""
 
 from __future__ import annotations
 
@@ -112,10 +113,10 @@ def test_a_lost_node_has_all_its_ranks_replaced_on_spares_bitwise(two_nodes, tmp
 def test_a_node_that_dies_while_the_orchestrator_restarts_is_lost_and_then_recovered_or_named(
         two_nodes, tmp_path_factory):
     # Before, such a node was never declared lost: the job hung. Now the restarted orchestrator
-    # loses it after the reconnect grace and replaces its ranks from the copies on disk when they
-    # are current; when the node's ranks ran on past the last copy that reached the orchestrator
-    # (they may, while it was down), the job fails as torchrun would, saying so: never a hang,
-    # never a wrong result.
+    # loses it after the reconnect grace and replaces its ranks from the copies node 0's
+    # supervisor holds when they are current; when the node's ranks ran on past the last copy
+    # that reached it, the job fails as torchrun would, saying so: never a hang, never a wrong
+    # result.
     expected = reference(tmp_path_factory.getbasetemp(), SCRIPT, ARGS)
     job = two_nodes(SCRIPT, ARGS, spares=2)
     job.wait_step(random.randrange(10, 80))
