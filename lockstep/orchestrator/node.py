@@ -448,10 +448,16 @@ class NodeSupervisor:
                 except OSError:
                     sock, retry_at = None, time.monotonic() + 0.2
                     continue
-                sent_to = target  # a new holder: send it everything again
-                for w in watchers.values():
-                    w.rewind()
-                records_size.clear()
+                # A new holder: send it everything again -- of the live ranks. A rank that died
+                # here is read from this node's memory, and one that moved away must not send
+                # its stale copy to a holder that may hold its new node's copies too.
+                sent_to = target
+                live = {p.rank for p in self.procs.values() if p.popen.poll() is None}
+                for (rank, _), w in watchers.items():
+                    if rank in live:
+                        w.rewind()
+                for rank in live:
+                    records_size.pop(rank, None)
             lines = []
             for proc in list(self.procs.values()):
                 paths = smallstate.rank_paths(self.node_dir, proc.rank)
