@@ -86,10 +86,11 @@ class PeerServer:
     """A supervisor's server for the other nodes' supervisors (multi-node jobs). A connection
     opens with ``{"op": "hello", "token", "node", "kind"}``:
 
-    * ``kind: "copies"`` -- the sender's ranks' small state, one ``{"rank", "kind", "slot" |
-      "records"}`` line per new value (``SlotWatcher``): held here, in memory, for the
-      orchestrator to read (``read_copy``) if the sender's node is lost. Peer to peer: the
-      copies never pass through the orchestrator;
+    * ``kind: "copies"`` -- the sender's ranks' small state, one ``RANK KIND JSON`` line per new
+      value (``SlotWatcher``; KIND one of ``smallstate.KINDS`` with a ``[step, base64]`` slot, or
+      ``records``): held here, in memory and unparsed (this thread must keep up with every
+      step of every rank it holds), for the orchestrator to read (``read_copy``) if the sender's
+      node is lost. Peer to peer: the copies never pass through the orchestrator;
     * ``kind: "watch"`` -- kept open and silent while this node runs the orchestrator; the
       watcher takes its closing (the process died) or its silence (keep-alive: the host died)
       for the loss of this node, unless a ``{"op": "bye", "code"}`` came first (this
@@ -131,12 +132,10 @@ class PeerServer:
                     pass
                 return
             while True:
-                msg = json.loads(recv_line(conn, buf))
+                rank, kind, value = recv_line(conn, buf).split(b" ", 2)
                 with self.lock:
-                    copy = self.copies.setdefault(int(msg["rank"]), {"post": None, "mid": None, "pre": None,
-                                                                      "records": []})
-                    copy[msg["kind"]] = msg["records"] if msg["kind"] == "records" else msg["slot"]
-        except (ConnectionError, OSError, ValueError, KeyError):
+                    self.copies.setdefault(int(rank), {})[kind.decode()] = value
+        except (ConnectionError, OSError, ValueError):
             pass
         finally:
             with self.lock:
@@ -146,8 +145,12 @@ class PeerServer:
                 conn.close()
 
     def copy_of(self, rank: int) -> dict:
+        """``read_state``'s format: ``{"post": [step, base64] | None, "mid", "pre", "records": [...]}``."""
         with self.lock:
-            return dict(self.copies.get(rank) or {"post": None, "mid": None, "pre": None, "records": []})
+            raw = dict(self.copies.get(rank, {}))
+        copy = {kind: None for kind in smallstate.KINDS} | {"records": []}
+        copy.update({kind: json.loads(value) for kind, value in raw.items() if kind in copy})
+        return copy
 
     def bye(self, code: int):
         with self.lock:
@@ -467,8 +470,7 @@ class NodeSupervisor:
                         w = watchers[(proc.rank, kind)] = smallstate.SlotWatcher(paths[kind])
                     got = w.poll()
                     if got is not None:
-                        lines.append({"rank": proc.rank, "kind": kind,
-                                      "slot": [got[0], base64.b64encode(got[1]).decode()]})
+                        lines.append(f"{proc.rank} {kind} " + json.dumps([got[0], base64.b64encode(got[1]).decode()]))
                 try:
                     size = os.path.getsize(paths["records"])
                 except FileNotFoundError:
@@ -477,10 +479,10 @@ class NodeSupervisor:
                     records_size[proc.rank] = size
                     records = [[meta, base64.b64encode(blob).decode()]
                                for meta, blob in smallstate.read_records(paths["records"])]
-                    lines.append({"rank": proc.rank, "kind": "records", "records": records})
+                    lines.append(f"{proc.rank} records " + json.dumps(records, separators=(",", ":")))
             if lines:
                 try:
-                    sock.sendall(b"".join(json.dumps(m, separators=(",", ":")).encode() + b"\n" for m in lines))
+                    sock.sendall("".join(line + "\n" for line in lines).encode())
                 except OSError:
                     sock, retry_at = None, time.monotonic() + 0.2
 
