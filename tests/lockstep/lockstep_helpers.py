@@ -41,7 +41,7 @@ def reference(tmp_root: Path, script: str, args: list[str]) -> dict:
     key = (script, tuple(args))
     if key not in _REFERENCES:
         out = tmp_root / f"ref-{script}-{'-'.join(args)}.pt"
-        for attempt in range(2):
+        for _attempt in range(2):
             cmd = [str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
                    str(SCRIPTS / script), str(out), *args]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
