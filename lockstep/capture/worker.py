@@ -25,15 +25,15 @@ from typing import Any
 
 from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
-from lockstep.capture.events import EventSender
 from lockstep.capture.faults import FaultPlan
 from lockstep.capture.pull import can_read, pull_from
+from lockstep.events import AgentEvents
 
 
 class SinkContext:
     """What a sink gets besides its tensors: fault points, abort checks, agent events."""
 
-    def __init__(self, channel: Channel, faults: FaultPlan, events: EventSender):
+    def __init__(self, channel: Channel, faults: FaultPlan, events: AgentEvents):
         self._channel = channel
         self.faults = faults
         self.events = events
@@ -118,7 +118,7 @@ def serve(channel: Channel) -> None:
     torch.set_num_threads(1)
     drain = _Drainer(int(os.environ.get("LOCKSTEP_CAPTURE_NICE", "10")))
     arenas: dict[int, Arena] = {}
-    ctx = SinkContext(channel, FaultPlan.from_env(), EventSender())
+    ctx = SinkContext(channel, FaultPlan.from_env(), AgentEvents())
     backlog: list[Any] = []
     while True:
         if backlog:

@@ -62,8 +62,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from lockstep.events import AgentEvents
 from lockstep.orchestrator import core, jobdir
-from lockstep.orchestrator.events import AGENT_KINDS, AgentEvents
+from lockstep.orchestrator.events import AGENT_KINDS
 
 RECOVERY_TIMEOUT_S = float(os.environ.get("LOCKSTEP_RECOVERY_TIMEOUT_S", "180"))
 NODE_TIMEOUT_S = float(os.environ.get("LOCKSTEP_NODE_TIMEOUT_S", "1.5"))

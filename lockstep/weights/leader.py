@@ -47,8 +47,8 @@ from datetime import timedelta
 
 from lockstep.capture.arena import Arena
 from lockstep.capture.channel import Channel, ChannelClosed
-from lockstep.capture.events import EventSender
 from lockstep.capture.pull import can_read, pull_from
+from lockstep.events import AgentEvents
 from lockstep.weights.links import PairGroupLink, TcpLink
 from lockstep.weights.plan import needed, stripe
 from lockstep.weights.protocol import ProtocolError, recv_frame, send_frame
@@ -156,7 +156,7 @@ class Leader:
         self.live_readers: set[str] = set()  # replicas still receiving it from there
         self.copying = False  # the live version's changed tensors are being copied into the arena
         self.epochs = 0
-        self.notify = EventSender()
+        self.notify = AgentEvents()
         host = init["host"]
         self.control = socket.create_server((host, init["port"]), backlog=128)
         self.data = socket.create_server((host, 0), backlog=128) if self.transport == "tcp" else None

@@ -99,7 +99,7 @@ def test_silent_nodes_are_lost_after_the_timeout():
 def test_a_heartbeat_of_thousands_of_ranks_goes_in_parts_that_each_fit_the_agent_socket_line():
     import json
 
-    from lockstep.orchestrator.events import MAX_LINE
+    from lockstep.events import MAX_LINE
     from lockstep.orchestrator.server import HEARTBEAT_RANKS_PER_EVENT
 
     rows = [{"rank": r, "step": 123456789, "step_time_s": 0.123456789012345, "node": r // 8, "state": "recovering"}

@@ -1,9 +1,14 @@
-"""Events to the local Lockstep agent (``job.checkpoint``, ``weights.version``, ...).
+"""Events to the node's Lockstep agent over its local socket: the one sender the orchestrator
+(``job.*``), the capture worker (``job.checkpoint``, ``job.snapshot``) and the weight leader
+(``weights.version``) share.
 
-The agent's local socket contract: a Unix stream socket at ``$LOCKSTEP_AGENT_SOCKET`` (default
-``/run/lockstep/agent.sock``), newline-delimited JSON, ``{"v":1,"op":"event","kind":...,
-"ts_ns":...,"data":{...}}``, at most 64 KiB a line. A sender never blocks on it: when no agent
-listens or its socket is full, the event is dropped and counted.
+The agent's local socket contract (docs/agent-protocol.md): a Unix stream socket at
+``$LOCKSTEP_AGENT_SOCKET`` (default ``/run/lockstep/agent.sock``), newline-delimited JSON
+``{"v":1,"op":"event","kind":...,"ts_ns":...,"data":{...}}``, at most 64 KiB a line. A sender
+never blocks the process it serves: it connects non-blocking, writes with
+``MSG_DONTWAIT|MSG_NOSIGNAL``, and drops (and counts) an event when no agent listens or the
+socket is full; a partial write closes the connection (the next event reconnects) so the agent
+never sees half a line.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ DEFAULT_SOCKET = "/run/lockstep/agent.sock"
 MAX_LINE = 64 * 1024
 
 
-class EventSender:
+class AgentEvents:
     def __init__(self, path: str | None = None):
         self.path = path or os.environ.get("LOCKSTEP_AGENT_SOCKET", DEFAULT_SOCKET)
         self.sent = 0
