@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes as C
-import json
 import os
 import random
 import socket
@@ -27,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netplugin import HANDLE_SIZE, Plugin, PluginError  # noqa: E402
+from netplugin import HANDLE_SIZE, Plugin, run_and_report  # noqa: E402
 
 MAGIC, HANDLE_MAGIC = 0x4C53, 0x4C534E31
 HELLO, HELLO_ACK, DATA, ACK, CREDIT, HEARTBEAT = 1, 2, 3, 4, 5, 6
@@ -129,19 +128,8 @@ def main(argv=None) -> int:
     parser.add_argument("--addr", required=True, help="the address of the interface LOCKSTEP_NCCL_NICS names")
     args = parser.parse_args(argv)
     plugin = Plugin(args.lib, 12)
-    result = {"ok": False}
-    try:
-        result.update(run(plugin, args.addr))
-        plugin.finalize()
-        result["ok"] = True
-    except PluginError as exc:
-        result.update(error=str(exc), rc=exc.rc)
-    except (AssertionError, TimeoutError, ConnectionError) as exc:
-        result.update(error=str(exc))
-    finally:
-        plugin.unload()
-    print(json.dumps(result), flush=True)
-    return 0 if result["ok"] else 1
+    return run_and_report(plugin, lambda: run(plugin, args.addr), {"ok": False},
+                          errors=(AssertionError, TimeoutError, ConnectionError))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import ctypes as C
 import fcntl
-import json
 import os
 import random
 import select
@@ -30,7 +29,7 @@ import termios
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netplugin import HANDLE_SIZE, Plugin, PluginError  # noqa: E402
+from netplugin import HANDLE_SIZE, Plugin, run_and_report  # noqa: E402
 
 MAGIC = 0x4C53
 HELLO, HELLO_ACK, DATA = 1, 2, 3
@@ -209,19 +208,8 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=16 << 20)
     args = parser.parse_args(argv)
     plugin = Plugin(args.lib, 12)
-    result = {"ok": False}
-    try:
-        result.update(run(plugin, args.size))
-        plugin.finalize()
-        result["ok"] = True
-    except PluginError as exc:
-        result.update(error=str(exc), rc=exc.rc)
-    except (AssertionError, TimeoutError, ConnectionError) as exc:
-        result.update(error=str(exc))
-    finally:
-        plugin.unload()
-    print(json.dumps(result), flush=True)
-    return 0 if result["ok"] else 1
+    return run_and_report(plugin, lambda: run(plugin, args.size), {"ok": False},
+                          errors=(AssertionError, TimeoutError, ConnectionError))
 
 
 if __name__ == "__main__":

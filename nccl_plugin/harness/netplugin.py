@@ -386,6 +386,24 @@ def _replay(groups, first):
     yield from groups
 
 
+def run_and_report(plugin: Plugin, body, result: dict, errors=(AssertionError, TimeoutError)) -> int:
+    """The harness programs' one shell: run ``body()`` (its dict joins ``result``), finalize and
+    unload the plugin, print the result as one JSON line; 0 when it ran through. A plugin error
+    or a failed check is reported in the line, never as a traceback."""
+    try:
+        result.update(body())
+        plugin.finalize()
+        result["ok"] = True
+    except PluginError as exc:
+        result.update(error=str(exc), rc=exc.rc)
+    except errors as exc:
+        result.update(error=str(exc))
+    finally:
+        plugin.unload()
+    print(json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("role", choices=["send", "recv"])
@@ -399,26 +417,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     plugin = Plugin(args.lib, args.abi)
     result = {"role": args.role, "abi": args.abi, "ok": False}
-    try:
+
+    def body() -> dict:
         ndev, props = plugin.init()
         result.update(devices=ndev, nic=props.name.decode(), speed=props.speed, max_recvs=props.maxRecvs)
         if args.role == "recv":
             handle = C.create_string_buffer(HANDLE_SIZE)
             listen_comm = plugin.listen(handle)
             write_atomic(args.dir, "handle", handle.raw)
-            result.update(run_recv(plugin, listen_comm, args))
-        else:
-            result.update(run_send(plugin, args))
-        plugin.finalize()
-        result["ok"] = True
-    except PluginError as exc:
-        result.update(error=str(exc), rc=exc.rc)
-    except (AssertionError, TimeoutError) as exc:
-        result.update(error=str(exc))
-    finally:
-        plugin.unload()
-    print(json.dumps(result), flush=True)
-    return 0 if result["ok"] else 1
+            return run_recv(plugin, listen_comm, args)
+        return run_send(plugin, args)
+
+    return run_and_report(plugin, body, result)
 
 
 if __name__ == "__main__":

@@ -187,13 +187,9 @@ def test_every_abi_version_moves_checksummed_data(pair, plugin_lib, abi):
         run.cleanup()
 
 
-@pytest.mark.parametrize("ring_bytes", [0, 1 << 20])
-def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_through_a_failover(
-        pair, plugin_lib, agent, ring_bytes):
-    # 0: no ring, every isend completes on its ack; 1 MiB: the ring fills (NULL requests, which
-    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy
-    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "19",
-                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes)})
+def _through_a_failover_and_back(run, pair, agent) -> dict:
+    """Data before, during (nh0 down: the sender fails over) and after (nh0 back) a failover;
+    the transfer's results."""
     try:
         run.wait_received(16 << 20, "data before the fault")
         away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
@@ -204,10 +200,20 @@ def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_thr
         pair.link("a", "nh0", up=True)
         run.wait_received(8 << 20, "data after the primary returned")
         run.stop()
-        results = run.finish()
+        return run.finish()
     finally:
         pair.link("a", "nh0", up=True)
         run.cleanup()
+
+
+@pytest.mark.parametrize("ring_bytes", [0, 1 << 20])
+def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_through_a_failover(
+        pair, plugin_lib, agent, ring_bytes):
+    # 0: no ring, every isend completes on its ack; 1 MiB: the ring fills (NULL requests, which
+    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy
+    run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "19",
+                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes)})
+    results = _through_a_failover_and_back(run, pair, agent)
     _assert_intact(results)
     if ring_bytes:
         assert results["send"]["null_requests"] > 0  # the full ring said "retry", never blocked
@@ -220,20 +226,7 @@ def test_messages_sent_ahead_of_their_receives_stay_intact_through_a_failover(pa
     # eagerly must survive the failover's resends (dropped as duplicates, never stored twice)
     run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "23",
                    env={"LOCKSTEP_NCCL_EAGER_BYTES": str(eager_bytes)})
-    try:
-        run.wait_received(16 << 20, "data before the fault")
-        away = len(agent.find("nccl.failover", role="send", **{"from": "nh0"}))
-        pair.link("a", "nh0", up=False)
-        wait_for(lambda: len(agent.find("nccl.failover", role="send", **{"from": "nh0"})) > away, WAIT_S,
-                 "failover to the standby")
-        run.wait_received(16 << 20, "data over the standby")
-        pair.link("a", "nh0", up=True)
-        run.wait_received(8 << 20, "data after the primary returned")
-        run.stop()
-        results = run.finish()
-    finally:
-        pair.link("a", "nh0", up=True)
-        run.cleanup()
+    results = _through_a_failover_and_back(run, pair, agent)
     _assert_intact(results)
 
 
