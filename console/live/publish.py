@@ -91,14 +91,30 @@ class Outbox:
     def _flush_blocking(self) -> None:
         from asgiref.sync import async_to_sync
 
-        async_to_sync(self.flush)()
+        # Take first: a timer that fires as the process exits finds nothing left (serve drains the
+        # outbox before it returns) and must not start an event loop while the interpreter shuts down.
+        pending = self.take()
+        if pending:
+            async_to_sync(self._send)(pending)
+
+    def drain(self) -> None:
+        """Send what is pending now, from this thread (a server whose event loop has stopped)."""
+        from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+        if isinstance(get_channel_layer(), InMemoryChannelLayer):
+            self.take()  # its sockets were served by the stopped loop: nobody is listening
+        else:
+            self._flush_blocking()
 
     async def flush(self) -> None:
+        await self._send(self.take())
+
+    async def _send(self, pending: dict[str, list[dict]]) -> None:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
         limit = settings.LOCKSTEP["LIVE_MAX_EVENTS_PER_FLUSH"]
-        for group, events in self.take().items():
+        for group, events in pending.items():
             if len(events) > limit:
                 events = [{"kind": "refresh", "key": "", "data": {"coalesced": len(events)}}]
             try:

@@ -128,3 +128,36 @@ async def test_an_anonymous_socket_is_closed():
     communicator.scope["user"] = AnonymousUser()
     connected, code = await communicator.connect()
     assert not connected and code == 4401
+
+
+class RecordingLayer:
+    """A channel layer that keeps what is sent (the Redis layer's interface, no server)."""
+
+    sent: list[tuple[str, dict]] = []
+
+    def __init__(self, **_):
+        pass
+
+    async def group_send(self, group, message):
+        self.sent.append((group, message))
+
+
+def test_a_stopped_server_drains_the_outbox_and_a_late_delivery_timer_starts_no_event_loop(settings, monkeypatch):
+    import asgiref.sync
+    from channels.layers import channel_layers
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.RecordingLayer"}}
+    channel_layers.backends.clear()
+    RecordingLayer.sent.clear()
+    monkeypatch.setattr(outbox, "_schedule", lambda delay: None)  # the timer is fired by hand below
+    outbox.put("o1.c2", {"kind": "node", "key": "5", "data": {"state": "ready"}})
+    outbox.put("o1.c2", {"kind": "node", "key": "6", "data": {"state": "ready"}})
+
+    outbox.drain()
+    assert [(g, [e["key"] for e in m["events"]]) for g, m in RecordingLayer.sent] == [("o1.c2", ["5", "6"])]
+
+    loops = []
+    monkeypatch.setattr(asgiref.sync, "async_to_sync", lambda fn: loops.append(fn))
+    outbox._flush_blocking()  # what the timer runs, as the interpreter exits
+    assert loops == [] and len(RecordingLayer.sent) == 1
+    channel_layers.backends.clear()

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from console.commands import wakeup
 from console.core.beat import InProcessBeat
+from console.live.publish import outbox
 
 
 class Command(BaseCommand):
@@ -62,6 +63,9 @@ def serve(host: str, port: int, also_listen=(), beat: bool = True) -> None:
     try:
         Server(config).run(sockets=sockets)
     finally:
+        # Live updates published while the server stopped (the answered polls' node states) go
+        # out now, before the interpreter exits under a pending delivery timer.
+        outbox.drain()
         if ticker:
             ticker.stop()
         for sock in sockets:
