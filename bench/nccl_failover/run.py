@@ -131,9 +131,21 @@ def faults(pair: NcclPair, n: int, kinds: list[str]) -> dict:  # noqa: C901 - on
                 fo = events.wait(seen, lambda k, d: k == "nccl.failover" and d.get("from") == "nh0", 30)
                 while fo is not None and fo[1] < t0:  # a spurious one before this fault (counted below)
                     fo = events.wait(fo[0] + 1, lambda k, d: k == "nccl.failover" and d.get("from") == "nh0", 30)
-                if fo is None:
-                    per_fault.append({"kind": kind, "i": i, "t0": t0, "missed": "no failover"})
+                if fo is None:  # (the primary was not active: the next fault waits for it, below)
+                    moves = [(k, round((ts - t0) * 1e3, 1), d.get("from"), d.get("to"), d.get("reason"))
+                             for k, ts, d in events.items if k in ("nccl.failover", "nccl.failback")]
+                    per_fault.append({"kind": kind, "i": i, "t0": t0, "missed": "no failover",
+                                      "last_moves_ms_from_fault": moves[-4:]})
+                    print(json.dumps(per_fault[-1]), flush=True)
+                    t_restore = time.time()
                     restore(pair, kind)
+                    back = events.wait(seen, lambda k, d: k in ("nccl.failback", "nccl.failover") and d.get("to") == "nh0",
+                                       20)
+                    while back is not None and back[1] < t_restore:
+                        back = events.wait(back[0] + 1, lambda k, d: k in ("nccl.failback", "nccl.failover")
+                                           and d.get("to") == "nh0", 20)
+                    if back is not None:
+                        seen = back[0] + 1
                     continue
                 seen = fo[0] + 1
                 # only when data was waiting at the failover (else there is nothing to time)

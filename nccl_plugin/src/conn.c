@@ -127,7 +127,30 @@ static void chunk_written(ls_comm *c, const ls_chunk *ch) {
 static void eager_unref(ls_comm *c, ls_eager *e) {
     if (--e->refs) return;
     c->eager_held -= e->len;
+    /* kept for the next eager chunk, within the eager buffer's size: malloc would give large
+     * chunks back to the kernel (mmap/trim) and fault fresh zeroed pages in for every one */
+    if (!c->stop && c->eager_free_bytes + e->cap <= ls_cfg.eager_bytes) {
+        e->next = c->eager_free;
+        c->eager_free = e;
+        c->eager_free_bytes += e->cap;
+        return;
+    }
     free(e);
+}
+
+/* An eager chunk of `len` bytes: a kept one that fits (and is not more than twice as large), or new. */
+static ls_eager *eager_alloc(ls_comm *c, size_t len) {
+    for (ls_eager **pe = &c->eager_free; *pe; pe = &(*pe)->next) {
+        ls_eager *e = *pe;
+        if (e->cap >= len && e->cap <= 2 * len + 4096) {
+            *pe = e->next;
+            c->eager_free_bytes -= e->cap;
+            return e;
+        }
+    }
+    ls_eager *e = malloc(sizeof *e + len);
+    if (e) e->cap = len;
+    return e;
 }
 
 void ls_stream_close(ls_comm *c, ls_stream *s) {
@@ -455,8 +478,8 @@ static void on_data_header(ls_comm *c, ls_stream *s) {
     } else {
         if (c->eager_held + h->len > ls_cfg.eager_bytes)
             return protocol_error(c, ncclInternalError, "the sender overran the eager buffer");
-        if (!(e = malloc(sizeof *e + h->len))) return protocol_error(c, ncclSystemError, "out of memory for an eager chunk");
-        *e = (ls_eager){.seq = seq, .off = h->c, .len = h->len, .refs = 1};
+        if (!(e = eager_alloc(c, h->len))) return protocol_error(c, ncclSystemError, "out of memory for an eager chunk");
+        *e = (ls_eager){.seq = seq, .off = h->c, .len = h->len, .cap = e->cap, .refs = 1};
         c->eager_held += h->len;
     }
     s->rx_eager = e;
@@ -780,11 +803,23 @@ static int hot_path(const ls_comm *c) { return c->is_send ? c->active : c->ack_p
  * on only, which saves a thread wake-up per message and the syscalls on idle standbys; the
  * progress thread does the rest (`LS_PASS_COLD` while NCCL keeps calling, else `LS_PASS_ALL`). */
 void ls_progress_pass(ls_comm *c, int which) {
-    if (which == LS_PASS_HOT) c->caller_pass_us = ls_now_us();
+    uint64_t now_us = ls_now_us();
+    if (which == LS_PASS_HOT) c->caller_pass_us = now_us;
     int hot = hot_path(c);
 #define SKIP_PATH(p) ((which == LS_PASS_HOT && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
+    /* A sender's isend reads its active path (acks and credits) only when it needs them: its
+     * message cannot be cut yet, its ring or table is full (`needs_acks`), or the path was not
+     * read for LS_SENDER_READ_US (liveness, ring space): a recv that mostly says EAGAIN per
+     * message is the sender's largest per-message cost after its sendmsg. */
+    int read_hot = 1;
+    if (c->is_send && which == LS_PASS_HOT) {
+        make_chunks(c);
+        read_hot = c->needs_acks || c->next_chunk_msg < c->next_msg || now_us - c->hot_read_us >= LS_SENDER_READ_US;
+        c->needs_acks = 0;
+    }
+    if (read_hot && which != LS_PASS_COLD) c->hot_read_us = now_us;
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p) && (read_hot || p != hot); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
@@ -830,6 +865,17 @@ void ls_ack(ls_comm *c, int flush) {
 
 /* ---- the loop ---- */
 
+/* A sender with nothing left to cut or write: what its active path brings now is acks, which
+ * only free ring space, and NCCL's next isend reads them itself. */
+int ls_sender_idle(const ls_comm *c, int hot) {
+    if (hot < 0 || c->next_chunk_msg < c->next_msg || c->seq_unsent < c->seq_next) return 0;
+    for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        const ls_stream *st = &c->paths[hot].streams[s];
+        if (st->fd >= 0 && (st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len)) return 0;
+    }
+    return 1;
+}
+
 enum { W_WAKE, W_NETLINK, W_LISTEN, W_PENDING, W_STREAM };
 #define MAX_PFD (2 + LS_MAX_NICS + LS_MAX_NICS * LS_MAX_STREAMS * 2)
 
@@ -849,9 +895,10 @@ static void *progress(void *arg) {
         /* While NCCL keeps calling test() on receives it moves the data itself; the thread then
          * stays off that path (no lock hand-offs per message) and keeps time and the standbys.
          * A sender's isends complete at once, so NCCL stops calling while data still waits for
-         * credits or socket space: the sender's thread always watches every stream. */
-        int caller_driving = !c->is_send && ls_now_us() - c->caller_pass_us < 2000;
+         * eager room, credits or socket space: the sender's thread leaves the active path to
+         * NCCL's isends only while nothing waits there. */
         int hot = hot_path(c);
+        int caller_driving = ls_now_us() - c->caller_pass_us < 2000 && (!c->is_send || ls_sender_idle(c, hot));
         int any_pending = 0;
         for (int p = 0; p < c->npaths; p++) {
             if (c->paths[p].listen_fd >= 0) {
@@ -878,6 +925,7 @@ static void *progress(void *arg) {
                 what[n++].kind = W_PENDING;
                 any_pending = 1;
             }
+        c->thread_off_hot = caller_driving;
         int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 20; /* the liveness check's granularity */
         pthread_mutex_unlock(&c->lock);
         poll(pfd, (nfds_t)n, timeout);
@@ -946,6 +994,10 @@ void ls_comm_free(ls_comm *c) {
             next = e->next;
             eager_unref(c, e);
         }
+    for (ls_eager *e = c->eager_free, *next; e; e = next) {
+        next = e->next;
+        free(e);
+    }
     free(c->ring);
     if (c->wake_fd >= 0) close(c->wake_fd);
     if (c->netlink_fd >= 0) close(c->netlink_fd);

@@ -267,7 +267,12 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
         *request = r;
     }
     /* the new message moves now; a NULL request's retry finds the acks read meanwhile */
+    if (!r) c->needs_acks = 1;
     if (rc == ncclSuccess) ls_progress_pass(c, LS_PASS_HOT);
+    if (c->thread_off_hot && !ls_sender_idle(c, c->active)) { /* data waits: the thread watches again */
+        c->thread_off_hot = 0;
+        ls_comm_wake(c);
+    }
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -295,7 +300,10 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
         }
         c->recv_order[r->index % LS_MAX_REQS] = r;
         ls_rmatch(c); /* eager chunks already here are copied now; the credits carry the new count */
-        for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
+        /* a receive the eager messages filled needs no credit: the sender takes the receiver's
+         * position from the next ack or heartbeat (conn.c on_position), as for a lost credit */
+        if (r->ntaken < r->n)
+            for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
         ls_progress_pass(c, LS_PASS_HOT);
     }
@@ -317,6 +325,7 @@ ncclResult_t ls_test(void *request, int *done, int *sizes) {
     *done = 0;
     if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
         if (pthread_mutex_trylock(&c->lock) == 0) {
+            if (r->is_send) c->needs_acks = 1; /* a zero-copy send completes on its ack */
             ls_progress_pass(c, LS_PASS_HOT);
             pthread_mutex_unlock(&c->lock);
         }

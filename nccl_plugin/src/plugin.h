@@ -44,6 +44,7 @@
 #define LS_RX_STAGE 32768  /* a stream's read buffer: many small frames per recv */
 #define LS_ACK_CHUNKS 32   /* the receiver acks at least every this many chunks ... */
 #define LS_ACK_US 200      /* ... or this often while chunks arrive */
+#define LS_SENDER_READ_US 500 /* a sender's isends read its active path at least this often */
 
 /* ---- config.c ---- */
 typedef struct {
@@ -212,6 +213,7 @@ typedef struct ls_eager {
     struct ls_eager *next;
     uint64_t seq;
     size_t off, len;
+    size_t cap;             /* bytes of data[] (a kept chunk is reused for a shorter one) */
     int refs;               /* streams reading into it, plus its message's list once complete */
     char data[];
 } ls_eager;
@@ -323,6 +325,8 @@ typedef struct ls_comm {
     uint64_t rmatched;      /* messages matched */
     uint64_t rrecv;         /* the receive being filled by the matching */
     size_t eager_held;      /* bytes in eager chunks */
+    ls_eager *eager_free;   /* chunks kept for reuse (at most LOCKSTEP_NCCL_EAGER_BYTES of them) */
+    size_t eager_free_bytes;
     uint64_t rmatched_sent; /* the count the last ack told the sender */
     struct {
         uint64_t msg1;      /* message number + 1 once its tag and size are known */
@@ -336,6 +340,9 @@ typedef struct ls_comm {
     uint64_t pending_since_ms[LS_MAX_NICS * LS_MAX_STREAMS];
     /* statistics */
     uint64_t caller_pass_us; /* NCCL's last call that moved data itself */
+    uint64_t hot_read_us;    /* the hot path was last read (sender: isends skip reads they do not need) */
+    int needs_acks;          /* sender: an isend was refused (ring or table full): read the acks */
+    int thread_off_hot;      /* the progress thread left the hot path to NCCL's calls in its last poll */
     uint64_t failovers, failbacks, resent_chunks, dup_chunks;
 } ls_comm;
 
@@ -347,6 +354,7 @@ void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring spac
 void ls_rmatch(ls_comm *c);        /* receiver: match known messages to posted receives, copy eager chunks */
 enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
 void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
+int ls_sender_idle(const ls_comm *c, int hot); /* nothing waits to be cut or written on path `hot` */
 void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */
 int ls_queue_ctrl(ls_stream *s, uint32_t kind, uint64_t a, uint64_t b, const void *payload, uint32_t len);
 void ls_queue_on_path(ls_comm *c, int path, uint32_t kind, uint64_t a, const void *payload, uint32_t len);
