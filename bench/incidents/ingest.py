@@ -86,6 +86,7 @@ def run(windows: int = 20, preset: str = "gpu1024", peers: int = 46, rate: float
     from testbed.simulate.topology import PRESETS, generate_topology
     from testbed.simulate.window import WindowConfig, simulate
 
+    load_start = round(os.getloadavg()[0], 2)
     pipelined = bool(os.environ.get("REDIS_URL"))
     app.conf.task_always_eager = not pipelined
     params, _ = PRESETS[preset]
@@ -169,7 +170,7 @@ def run(windows: int = 20, preset: str = "gpu1024", peers: int = 46, rate: float
                 "store_s": [round(x, 3) for x in store_s], "lag_s": [round(x, 3) for x in lag],
                 "states": states, "complete": all(w.reported == w.expected for w in settled.values()),
                 "incidents": Incident.objects.filter(cluster=cluster).count(),
-                "load1_end": round(os.getloadavg()[0], 2),
+                "load1_start": load_start, "load1_end": round(os.getloadavg()[0], 2),
             }
         finally:
             if worker is not None:
