@@ -1,11 +1,11 @@
 """Incidents benchmarks (issue 10): ingest of probe windows, and detection latency on the
 emulated fabric.
 
-    python -m bench.incidents ingest [--windows 6] [--preset gpu1024]   # anywhere
+    python -m bench.incidents ingest [--windows 20] [--rate 1]          # anywhere
     python -m bench.incidents detect [--injections 20]                  # root, network namespaces
 
-Both use PostgreSQL when DATABASE_URL is set (and Redis with a Celery worker for `detect` when
-REDIS_URL is), otherwise a fresh SQLite file in a temporary directory, migrated first. Results
+Both use PostgreSQL when DATABASE_URL is set (and Redis with a Celery worker when REDIS_URL
+is), otherwise a fresh SQLite file in a temporary directory, migrated first. Results
 are printed as JSON (`--json FILE` writes them); bench/incidents/README.md has the numbers.
 """
 
@@ -15,17 +15,23 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 
-def setup_django(tmp: Path) -> None:
+def setup_django(tmp: Path, debug: bool = True) -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["SQLITE_PATH"] = str(tmp / "bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    os.environ.setdefault("DEBUG", "true")  # a throwaway console: its dev secret key, as the demo's
+    if debug:
+        os.environ.setdefault("DEBUG", "true")  # a throwaway console: its dev secret key, as the demo's
+    elif not os.environ.get("SECRET_KEY"):
+        # as deployed (DEBUG off: no SQL kept per query), with a throwaway key for this run only
+        os.environ["DEBUG"] = "false"
+        os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
     import django
     from django.core.management import call_command
 
@@ -44,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.incidents", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="bench", required=True)
     ingest = sub.add_parser("ingest", help="probe windows per second stored and triangulated")
-    ingest.add_argument("--windows", type=int, default=6)
+    ingest.add_argument("--windows", type=int, default=20, help="measured windows (after one warm-up window)")
+    ingest.add_argument("--rate", type=float, default=1.0, help="windows offered per second (0: back to back)")
     ingest.add_argument("--preset", default="gpu1024")
     ingest.add_argument("--peers", type=int, default=46, help="peers per NIC (the plan's size at 1,024 GPUs)")
     detect = sub.add_parser("detect", help="fault injected -> incident on a browser's websocket")
@@ -56,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-incidents-") as tmp:
-        setup_django(Path(tmp))
+        setup_django(Path(tmp), debug=args.bench != "ingest")
         if args.bench == "ingest":
             from bench.incidents.ingest import run
 
-            result = run(windows=args.windows, preset=args.preset, peers=args.peers,
+            result = run(windows=args.windows, preset=args.preset, peers=args.peers, rate=args.rate, tmp=Path(tmp),
                          log=lambda m: print(m, file=sys.stderr))
         else:
             from bench.incidents.detect import run

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 import numpy as np
+import orjson
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -41,7 +42,6 @@ from console.incidents.models import (
     IncidentState,
     IncidentTracker,
     ProbePlan,
-    ProbeReport,
     ProbeWindow,
     WindowState,
 )
@@ -204,18 +204,24 @@ def fabric_model(cluster: Cluster) -> FabricModel:
     return model
 
 
+# The window's records, each a NIC's newest of those its own node posted (a record of a NIC that
+# moved to another node since is left out), in one plain statement in the window's organization
+# and cluster: the task's largest cost was Django decoding each record's JSON with json; orjson
+# decodes the stored text at about twice its speed.
+_WINDOW_RECORDS = ("SELECT p.nic, r.data FROM incidents_probereport p "
+                   "JOIN telemetry_telemetryrecord r ON r.id = p.record_id AND r.organization_id = p.organization_id "
+                   "JOIN fleet_nic n ON n.organization_id = p.organization_id AND n.cluster_id = p.cluster_id "
+                   "AND n.name = p.nic AND n.node_id = r.node_id "
+                   "WHERE p.organization_id = %s AND p.cluster_id = %s AND p.window_id = %s ORDER BY r.ts, r.id")
+
+
 def _window_records(window: ProbeWindow) -> list[dict]:
     """The window's probe.window records, one per NIC (a NIC's newest, should it report twice)."""
-    rows = (ProbeReport.objects.filter(window=window).order_by("record__ts", "record_id")
-            .values_list("record__data", "record__node_id"))
-    nics_of = {}
-    for name, node_id in Nic.objects.filter(cluster_id=window.cluster_id).values_list("name", "node_id"):
-        nics_of[name] = node_id
-    by_nic: dict[str, dict] = {}
-    for data, node_id in rows:
-        if nics_of.get(data["nic"]) == node_id:
-            by_nic[data["nic"]] = data
-    return list(by_nic.values())
+    scoping.require_writable(window.organization_id, "reading a probe window's records")
+    with connection.cursor() as cursor:
+        cursor.execute(_WINDOW_RECORDS, [window.organization_id, window.cluster_id, window.pk])
+        by_nic = dict(cursor.fetchall())
+    return [orjson.loads(data) if isinstance(data, (str, bytes)) else data for data in by_nic.values()]
 
 
 def _known_pairs(pairs: Pairs, model: FabricModel) -> tuple[Pairs, Window, int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone as dt_timezone
 
+import orjson
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -114,15 +115,22 @@ def parse_batch(payload, max_records: int) -> tuple[int, int, list[Parsed]]:
 
 
 def _encoded(kind: kinds.TelemetryKind, data: dict, where: str) -> str:
-    """The record's data as the JSON it is stored as, within the kind's `max_bytes`: encoded once,
-    for the check and the insert."""
+    """The record's data as the JSON it is stored as, within the kind's `max_bytes` (UTF-8
+    bytes): encoded once, for the check and the insert. orjson writes a number that is not finite
+    as null, so a record whose JSON holds a null is encoded again by json, which refuses one; so
+    is one orjson cannot encode (an integer beyond 64 bits)."""
     try:
-        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise BatchInvalid(where, "holds a number that is not finite") from None
-    if kind.max_bytes is not None and len(text) > kind.max_bytes:
-        raise BatchInvalid(where, f"is {len(text)} bytes as JSON; at most {kind.max_bytes}")
-    return text
+        raw = orjson.dumps(data)
+    except TypeError:
+        raw = None
+    if raw is None or b"null" in raw:
+        try:
+            raw = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+        except ValueError:
+            raise BatchInvalid(where, "holds a number that is not finite") from None
+    if kind.max_bytes is not None and len(raw) > kind.max_bytes:
+        raise BatchInvalid(where, f"is {len(raw)} bytes as JSON; at most {kind.max_bytes}")
+    return raw.decode()
 
 
 def ingest(node: Node, payload, max_records: int) -> IngestResult:
