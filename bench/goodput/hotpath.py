@@ -27,7 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 def minor_faults() -> int:
     """Page faults served without I/O (a fresh allocation's pages): a count no load changes."""
@@ -114,6 +116,7 @@ def main(argv=None):
     if a.mode:
         worker(a)
         return
+
     def load():
         with open("/proc/loadavg") as f:
             return " ".join(f.read().split()[:3])
@@ -125,7 +128,8 @@ def main(argv=None):
             cmd = [sys.executable, "-m", "bench.goodput.hotpath", "--mode", mode, "--steps", str(a.steps),
                    "--width", str(a.width), "--batch", str(a.batch)]
             env = dict(os.environ, OMP_NUM_THREADS="1")
-            res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
+                                        cwd=ROOT).stdout.splitlines()[-1])
             runs[mode].append(res)
             extra = f", slot writes x3 {res['small']:.1f} us, optimizer hooks {res['hooks']:.1f} us" if "small" in res else ""
             print(f"  {mode:8s} process {res['process']:8.1f} us/step, main thread {res['thread']:8.1f} us/step, "
