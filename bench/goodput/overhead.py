@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,7 @@ def main(argv=None):
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {os.cpu_count()} cores",
            "config": vars(a), "runs": runs, "summary": summary}
     Path(a.out).write_text(json.dumps(out, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"  results in {a.out}; load {loadavg()}")
 
 
