@@ -146,6 +146,21 @@ def pick_node(nodes: dict[int, dict], lost_node: int | None) -> int | None:
     return max(sorted(alive), key=lambda n: alive[n]["spares"])
 
 
+def ring(alive: list[int], leader: int | None) -> tuple[dict[int, int], list[int]]:
+    """Who holds whose copies, and who takes over the orchestrator: the alive nodes in a ring in
+    node order; each node's supervisor sends its ranks' small state to the next one (its
+    *holder*), and the succession is the ring read from the node after the orchestrator's, so
+    the first successor holds the orchestrator node's copies itself. A lone node holds nothing."""
+    nodes = sorted(set(alive))
+    holders = {n: nodes[(i + 1) % len(nodes)] for i, n in enumerate(nodes)} if len(nodes) > 1 else {}
+    if leader in nodes:
+        i = nodes.index(leader)
+        succession = nodes[i + 1:] + nodes[:i]
+    else:
+        succession = nodes
+    return holders, succession
+
+
 def lost_nodes(last_seen: dict[int, float], now: float, timeout_s: float) -> list[int]:
     """Nodes whose supervisor has been silent for longer than ``timeout_s``."""
     return sorted(n for n, t in last_seen.items() if now - t > timeout_s)

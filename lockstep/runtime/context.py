@@ -59,6 +59,9 @@ class Runtime:
         self.role = env.get("LOCKSTEP_ROLE", "worker")
         self.generation = int(env.get("LOCKSTEP_GENERATION", "0"))
         self.node_dir = env.get("LOCKSTEP_NODE_DIR")
+        # The store the groups' next generations are built in, once the job's own store was lost
+        # with its node (an orchestrator took over elsewhere): a ``rebuild`` order says where.
+        self.store_addr = env.get("LOCKSTEP_STORE") or None
         self.step_no = 0
         self.first_grad_op_pending = True
         self.replaying = self.role == "replacement"

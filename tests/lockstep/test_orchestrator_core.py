@@ -82,6 +82,16 @@ def test_a_replacement_prefers_the_lost_ranks_node_then_the_one_with_most_spares
     assert core.pick_node({0: {"alive": True, "spares": 0}}, 0) is None
 
 
+def test_copies_go_round_a_ring_and_the_first_successor_holds_the_orchestrator_nodes_copies():
+    holders, succession = core.ring([0, 1, 2], leader=0)
+    assert holders == {0: 1, 1: 2, 2: 0} and succession == [1, 2]
+    holders, succession = core.ring([3, 1, 2], leader=2)
+    assert holders == {1: 2, 2: 3, 3: 1} and succession == [3, 1]
+    assert holders[2] == succession[0]
+    assert core.ring([1, 2], leader=0) == ({1: 2, 2: 1}, [1, 2])  # the orchestrator's node is gone
+    assert core.ring([0], leader=0) == ({}, [])
+
+
 def test_silent_nodes_are_lost_after_the_timeout():
     assert core.lost_nodes({0: 10.0, 1: 8.0}, now=10.5, timeout_s=1.5) == [1]
 
