@@ -76,7 +76,14 @@ def plan_recovery(generation: int, survivors: list[SurvivorReport], lost: dict[i
     """``lost`` maps each lost rank to the step of its last boundary replica (None: it never
     finished a step). The invariant behind the plan (see runtime/group.py): collectives run one
     at a time, so the survivors' completed sequence numbers differ by a few per group at most,
-    and each survivor can re-run its last ``RERUN_WINDOW``."""
+    and each survivor can re-run its last ``RERUN_WINDOW``.
+
+    The rule on steps: a lost rank resumes at its replica's boundary ``a`` and nothing rolls
+    back (a survivor keeps no older parameters), so ``a`` must be at least the slowest
+    survivor's step ``S`` minus one -- the survivors redo at most the step that was in flight.
+    A rank's own node's shared memory always satisfies it (the rank wrote ``post(S - 1)`` before
+    it could hand over step ``S``'s gradients); a copy off a lost node does because the rank
+    waits for it (``runtime/offnode``). Anything older is refused, saying so."""
     if not survivors:
         raise Unrecoverable("every rank was lost at once: no data-parallel replica holds the model state")
     group_ids = sorted(set().union(*(s.groups.keys() for s in survivors)))

@@ -36,10 +36,14 @@ import time
 from datetime import timedelta
 
 from lockstep.orchestrator import jobdir, launchspec
-from lockstep.runtime import smallstate
+from lockstep.runtime import offnode, smallstate
 
 HEARTBEAT_S = 0.3
-FORWARD_POLL_S = float(os.environ.get("LOCKSTEP_FORWARD_POLL_S", "0.002"))
+# The forwarder is woken by the ranks' writes; this is only how often it looks without a wake
+# (a records file that grew on its own, a rank's first file).
+FORWARD_IDLE_S = 0.05
+# Tests only: the forwarder waits this long before each batch, so that the ranks outrun it.
+COPY_DELAY_S = float(os.environ.get("LOCKSTEP_TEST_COPY_DELAY_S", "0"))
 # A node whose orchestrator is lost: how long the successor may take to answer at its standby
 # address before this node gives the job up (the successor was lost too).
 TAKEOVER_TIMEOUT_S = float(os.environ.get("LOCKSTEP_TAKEOVER_TIMEOUT_S", "30"))
@@ -87,10 +91,13 @@ class PeerServer:
     opens with ``{"op": "hello", "token", "node", "kind"}``:
 
     * ``kind: "copies"`` -- the sender's ranks' small state, one ``RANK KIND JSON`` line per new
-      value (``SlotWatcher``; KIND one of ``smallstate.KINDS`` with a ``[step, base64]`` slot, or
-      ``records``): held here, in memory and unparsed (this thread must keep up with every
-      step of every rank it holds), for the orchestrator to read (``read_copy``) if the sender's
-      node is lost. Peer to peer: the copies never pass through the orchestrator;
+      value (``SlotWatcher``; KIND one of ``smallstate.KINDS`` with a ``[step, base64]`` slot,
+      ``records`` with a rank's whole records file, ``records+`` with the records appended since
+      the last line), and ``- N`` closing batch N, answered with a line ``N`` (the batch is held:
+      the sender's ranks may run on, ``offnode``). Held here, in memory and unparsed (this
+      thread must keep up with every step of every rank it holds), for the orchestrator to read
+      (``read_copy``) if the sender's node is lost. Peer to peer: the copies never pass through
+      the orchestrator;
     * ``kind: "watch"`` -- kept open and silent while this node runs the orchestrator; the
       watcher takes its closing (the process died) or its silence (keep-alive: the host died)
       for the loss of this node, unless a ``{"op": "bye", "code"}`` came first (this
@@ -132,9 +139,19 @@ class PeerServer:
                     pass
                 return
             while True:
-                rank, kind, value = recv_line(conn, buf).split(b" ", 2)
+                line = recv_line(conn, buf)
+                if line.startswith(b"- "):  # the end of a batch: held, say so
+                    conn.sendall(line[2:] + b"\n")
+                    continue
+                rank, kind, value = line.split(b" ", 2)
                 with self.lock:
-                    self.copies.setdefault(int(rank), {})[kind.decode()] = value
+                    held = self.copies.setdefault(int(rank), {})
+                    if kind == b"records+":
+                        held.setdefault("records", []).append(value)
+                    elif kind == b"records":
+                        held["records"] = [value]
+                    else:
+                        held[kind.decode()] = value
         except (ConnectionError, OSError, ValueError):
             pass
         finally:
@@ -149,7 +166,8 @@ class PeerServer:
         with self.lock:
             raw = dict(self.copies.get(rank, {}))
         copy = {kind: None for kind in smallstate.KINDS} | {"records": []}
-        copy.update({kind: json.loads(value) for kind, value in raw.items() if kind in copy})
+        copy.update({kind: json.loads(value) for kind, value in raw.items() if kind in smallstate.KINDS})
+        copy["records"] = [record for part in raw.get("records", []) for record in json.loads(part)]
         return copy
 
     def bye(self, code: int):
@@ -198,6 +216,14 @@ class NodeSupervisor:
         self.store_addr: str | None = None
         self.journal: dict | None = None
         self.takeover_wait: float | None = None  # since when this node waits for a successor
+        # What the holder acknowledged, told to each rank (``offnode``); batches sent, not yet
+        # acknowledged, with the steps of each rank's slots in them.
+        self.written: offnode.Written | None = None
+        self.copy_states: dict[int, offnode.CopyState] = {}
+        self._copy_lock = threading.Lock()
+        self._acks_pending: dict[int, dict[int, dict[str, int]]] = {}
+        self._ack_sock: socket.socket | None = None
+        self._holder_changed = threading.Event()
 
     def log(self, msg: str):
         if not self.quiet:
@@ -314,6 +340,13 @@ class NodeSupervisor:
 
     def _spawn(self, rank: int, local_rank: int, role: str, generation: int, incarnation: str) -> Proc:
         env = self._env_for(rank, local_rank, role, generation, incarnation)
+        if self.written is not None:
+            with self._copy_lock:
+                state = self.copy_states.get(rank)
+                if state is None:
+                    state = self.copy_states[rank] = offnode.CopyState(self.node_dir, rank)
+                # A new incarnation: nothing of it is held off the node yet.
+                state.set(gate=bool(self.holder_addr), post=offnode.NONE, mid=offnode.NONE)
         argv = self.spec.worker_argv()
         popen = None
         while role == "replacement" and self.warm and popen is None:
@@ -429,28 +462,52 @@ class NodeSupervisor:
         """Copies of this node's ranks' small state, off the node, as they are written: sent
         straight to the supervisor of the node the orchestrator named as this one's holder
         (``core.ring``), which keeps them for the replacements of this node's ranks if the node
-        is lost -- the orchestrator's node too, whose first successor is its holder."""
+        is lost -- the orchestrator's node too, whose first successor is its holder.
+
+        Woken by the ranks' writes (``offnode.Written``), it sends each new slot and only the
+        new tail of each records file, then a ``- N`` line closing batch N; the holder answers
+        ``N`` once it holds the batch, and ``_read_acks`` tells each rank which of its steps are
+        held off the node (``offnode.CopyState``), which bounds how far the rank runs ahead of
+        its copy. Each pass reads a rank's slots before its records: a batch holding ``post(k)``
+        holds every record written before it."""
         watchers: dict[tuple[int, str], smallstate.SlotWatcher] = {}
-        records_size: dict[int, int] = {}
+        records_sent: dict[int, int] = {}  # rank -> bytes of its records file the holder has
         sock, sent_to, retry_at = None, None, 0.0
+        batch = 0
         while not self.done:
-            time.sleep(FORWARD_POLL_S)
+            seen = self.written.value()
             target = self.holder_addr
             if target != sent_to or sock is None:
                 if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
                     sock.close()
                     sock = None
+                with self._copy_lock:
+                    # What an earlier holder acknowledged is not held by the next one.
+                    self._acks_pending = {}
+                    self._ack_sock = None
+                    for state in self.copy_states.values():
+                        state.set(gate=bool(target), post=offnode.NONE, mid=offnode.NONE)
+                sent_to = None
                 if not target or time.monotonic() < retry_at:
+                    # No holder (yet, or none left), or a retry's back-off: a ``peers`` order ends it.
+                    self._holder_changed.wait(0.2)
+                    self._holder_changed.clear()
                     continue
                 try:
                     host, port = target.rsplit(":", 1)
                     sock = socket.create_connection((host, int(port)), timeout=5)
+                    sock.settimeout(None)
                     _keepalive(sock)
                     sock.sendall(json.dumps({"op": "hello", "token": self.token, "node": self.node_rank,
                                              "kind": "copies"}).encode() + b"\n")
                 except OSError:
                     sock, retry_at = None, time.monotonic() + 0.2
                     continue
+                with self._copy_lock:
+                    self._ack_sock = sock
+                threading.Thread(target=self._read_acks, args=(sock,), name="lockstep-copy-acks", daemon=True).start()
                 # A new holder: send it everything again -- of the live ranks. A rank that died
                 # here is read from this node's memory, and one that moved away must not send
                 # its stale copy to a holder that may hold its new node's copies too.
@@ -460,8 +517,8 @@ class NodeSupervisor:
                     if rank in live:
                         w.rewind()
                 for rank in live:
-                    records_size.pop(rank, None)
-            lines = []
+                    records_sent.pop(rank, None)
+            lines, steps = [], {}
             for proc in list(self.procs.values()):
                 paths = smallstate.rank_paths(self.node_dir, proc.rank)
                 for kind in smallstate.KINDS:
@@ -471,20 +528,44 @@ class NodeSupervisor:
                     got = w.poll()
                     if got is not None:
                         lines.append(f"{proc.rank} {kind} " + json.dumps([got[0], base64.b64encode(got[1]).decode()]))
-                try:
-                    size = os.path.getsize(paths["records"])
-                except FileNotFoundError:
-                    continue
-                if size != records_size.get(proc.rank):
-                    records_size[proc.rank] = size
-                    records = [[meta, base64.b64encode(blob).decode()]
-                               for meta, blob in smallstate.read_records(paths["records"])]
-                    lines.append(f"{proc.rank} records " + json.dumps(records, separators=(",", ":")))
+                        steps.setdefault(proc.rank, {})[kind] = got[0]
+                offset = records_sent.get(proc.rank, 0)
+                records, end = smallstate.read_records_from(paths["records"], offset)
+                if end != offset or proc.rank not in records_sent:
+                    records_sent[proc.rank] = end
+                    # The whole history to a new holder, the new tail to the same one.
+                    kind = "records+" if offset else "records"
+                    lines.append(f"{proc.rank} {kind} " + json.dumps(
+                        [[meta, base64.b64encode(blob).decode()] for meta, blob in records], separators=(",", ":")))
             if lines:
+                if COPY_DELAY_S:
+                    time.sleep(COPY_DELAY_S)  # tests: a forwarder that lags behind the ranks
+                batch += 1
+                with self._copy_lock:
+                    self._acks_pending[batch] = steps
                 try:
-                    sock.sendall("".join(line + "\n" for line in lines).encode())
+                    sock.sendall("".join(line + "\n" for line in lines).encode() + f"- {batch}\n".encode())
                 except OSError:
                     sock, retry_at = None, time.monotonic() + 0.2
+                    continue
+            self.written.wait(seen, FORWARD_IDLE_S)
+
+    def _read_acks(self, sock: socket.socket):
+        """The holder's ``N`` lines: batch N and the ones before it are held there."""
+        from lockstep.runtime.transfer import recv_line
+
+        buf = bytearray()
+        with contextlib.suppress(ConnectionError, OSError, ValueError):
+            while True:
+                acked = int(recv_line(sock, buf))
+                with self._copy_lock:
+                    if self._ack_sock is not sock:
+                        return
+                    for n in sorted(b for b in self._acks_pending if b <= acked):
+                        for rank, kinds in self._acks_pending.pop(n).items():
+                            state = self.copy_states.get(rank)
+                            if state is not None:
+                                state.set(post=kinds.get("post"), mid=kinds.get("mid"))
 
     # -- the orchestrator's node: watched, and taken over when it is lost --------------------
 
@@ -613,6 +694,7 @@ class NodeSupervisor:
                 self._start_warm_spares(1)
         elif op == "peers":
             self.holder_addr = msg.get("holder")
+            self._holder_changed.set()
             self.succession = list(msg.get("succession", []))
             self.store_addr = msg.get("store") or self.store_addr
             self.orch_node, self.orch_peer = msg.get("orchestrator_node"), msg.get("orchestrator_peer") or None
@@ -675,6 +757,8 @@ class NodeSupervisor:
             self.orch_node = None  # learnt from the orchestrator's peers order
             self._start_peering()
         self.node_dir = self._node_dir()
+        if self.peer is not None:
+            self.written = offnode.Written(self.node_dir, create=True)
         self._publish_orchestrator()
         threading.Thread(target=self._connect_loop, daemon=True).start()
         if self.peer is not None:

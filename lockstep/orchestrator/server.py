@@ -18,7 +18,23 @@ hello, and its ranks are replaced from the copies its holder kept.
 Copies of the small state, peer to peer: every node's supervisor sends its ranks' small state
 (RNG, buffers, data positions; ``runtime/smallstate``) as it is written straight to the
 supervisor of the next alive node of a ring (``core.ring``; the ``peers`` order names it), which
-keeps it in memory: this process never carries it, and the copies outlive its restarts.
+keeps it in memory and acknowledges each batch: this process never carries it, and the copies
+outlive its restarts.
+
+How old a lost node's copies can be, and the recovery rule: a replacement resumes at the
+boundary of its rank's newest held copy, ``post(a)``, and the survivors redo at most the step in
+flight -- ``core.plan_recovery`` needs ``a >= S - 1`` for the slowest survivor's step ``S``
+(a survivor still short of ``a`` is waited for; when all are past it, the replacement redoes
+step ``a + 1`` inexactly, its RNG and buffers pinned from the copy of ``mid(a)``, and re-syncs
+at the next boundary). Nothing rolls back: a
+survivor keeps no older parameters. The copies are made current enough instead: a rank holds
+its first gradient collective of step ``k + 1`` -- the point after which the survivors can
+finish that step -- until its supervisor says the holder has ``post(k)`` (and ``mid(k)`` when the
+forward pass changed its buffers): ``runtime/offnode``. The copy was sent a forward pass
+earlier, so the rank almost never waits; a slow forwarder, network or holder slows the job
+instead of making a loss unrecoverable. A node lost therefore leaves every rank's state at most
+the step in flight old, and when the rule cannot hold (a script whose gradients do not go
+through DDP's buckets: no gate) the recovery fails saying so, never a wrong result.
 
 How the job survives the loss of this process's node (its supervisor, this process and the
 job's TCPStore die together): the ring read from the node after this one is the *succession*,
