@@ -76,7 +76,14 @@ def plan_recovery(generation: int, survivors: list[SurvivorReport], lost: dict[i
     """``lost`` maps each lost rank to the step of its last boundary replica (None: it never
     finished a step). The invariant behind the plan (see runtime/group.py): collectives run one
     at a time, so the survivors' completed sequence numbers differ by a few per group at most,
-    and each survivor can re-run its last ``RERUN_WINDOW``."""
+    and each survivor can re-run its last ``RERUN_WINDOW``.
+
+    The rule on steps: a lost rank resumes at its replica's boundary ``a`` and nothing rolls
+    back (a survivor keeps no older parameters), so ``a`` must be at least the slowest
+    survivor's step ``S`` minus one -- the survivors redo at most the step that was in flight.
+    A rank's own node's shared memory always satisfies it (the rank wrote ``post(S - 1)`` before
+    it could hand over step ``S``'s gradients); a copy off a lost node does because the rank
+    waits for it (``runtime/offnode``). Anything older is refused, saying so."""
     if not survivors:
         raise Unrecoverable("every rank was lost at once: no data-parallel replica holds the model state")
     group_ids = sorted(set().union(*(s.groups.keys() for s in survivors)))
@@ -144,6 +151,21 @@ def pick_node(nodes: dict[int, dict], lost_node: int | None) -> int | None:
     if lost_node in alive:
         return lost_node
     return max(sorted(alive), key=lambda n: alive[n]["spares"])
+
+
+def ring(alive: list[int], leader: int | None) -> tuple[dict[int, int], list[int]]:
+    """Who holds whose copies, and who takes over the orchestrator: the alive nodes in a ring in
+    node order; each node's supervisor sends its ranks' small state to the next one (its
+    *holder*), and the succession is the ring read from the node after the orchestrator's, so
+    the first successor holds the orchestrator node's copies itself. A lone node holds nothing."""
+    nodes = sorted(set(alive))
+    holders = {n: nodes[(i + 1) % len(nodes)] for i, n in enumerate(nodes)} if len(nodes) > 1 else {}
+    if leader in nodes:
+        i = nodes.index(leader)
+        succession = nodes[i + 1:] + nodes[:i]
+    else:
+        succession = nodes
+    return holders, succession
 
 
 def lost_nodes(last_seen: dict[int, float], now: float, timeout_s: float) -> list[int]:

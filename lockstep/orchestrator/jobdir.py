@@ -6,8 +6,6 @@ else ``/tmp/lockstep-<uid>``) holds ``jobs/<name>/``, mode 0700:
 * ``job.json`` -- name, orchestrator address and pid, world size, start time (for ``lockstep jobs``);
 * ``state.json`` -- the orchestrator's journal (generation, ranks, spares, recoveries), rewritten
   atomically after every change; a restarted orchestrator resumes from it;
-* ``replicas/<rank>.<kind>.json`` -- the latest copy of a non-leader rank's small state as its node's
-  supervisor forwarded it (what replaces the rank if its whole node is lost);
 * ``control.sock`` -- the orchestrator's Unix socket for the CLI (its permissions are the access
   control: only the job's user reaches it).
 """
@@ -17,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -90,55 +87,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-
-class ReplicaFiles:
-    """The latest copy of each non-leader rank's small state, kept in ``replicas/`` by a thread of
-    its own so that the orchestrator's event loop never waits on the disk: ``put`` records the
-    newest value of a (rank, kind) and the thread writes whichever are newer than their file,
-    each replaced atomically. Not fsynced: the copies must outlive the orchestrator's process,
-    not the leader machine (whose loss ends the job anyway)."""
-
-    def __init__(self, job: str):
-        self.folder = os.path.join(job, "replicas")
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        self._dirty: dict[tuple[int, str], object] = {}
-        self._cond = threading.Condition()
-        threading.Thread(target=self._write_loop, name="lockstep-replicas", daemon=True).start()
-
-    def put(self, rank: int, kind: str, value) -> None:
-        with self._cond:
-            self._dirty[(int(rank), kind)] = value
-            self._cond.notify()
-
-    def _write_loop(self):
-        while True:
-            with self._cond:
-                while not self._dirty:
-                    self._cond.wait()
-                batch, self._dirty = self._dirty, {}
-            for (rank, kind), value in batch.items():
-                path = os.path.join(self.folder, f"{rank}.{kind}.json")
-                with open(f"{path}.tmp", "w") as f:
-                    json.dump(value, f, separators=(",", ":"))
-                os.replace(f"{path}.tmp", path)
-
-
-def read_replicas(job: str, kinds: tuple[str, ...]) -> dict[int, dict]:
-    """Every rank's copy ``ReplicaFiles`` left, as ``{rank: {kind: value}}`` (an unreadable
-    file is left out: never a guess)."""
-    folder = os.path.join(job, "replicas")
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return {}
-    copies: dict[int, dict] = {}
-    for name in names:
-        rank, _, rest = name.partition(".")
-        kind, _, ext = rest.partition(".")
-        if rank.isdigit() and kind in kinds and ext == "json":
-            value = read_json(os.path.join(folder, name))
-            if value is not None:
-                copies.setdefault(int(rank), {})[kind] = value
-    return copies

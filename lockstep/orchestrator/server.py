@@ -2,7 +2,8 @@
 
 Where it runs and how it survives its own restart: it is a child of the leader node's
 supervisor (node 0's ``lockstep run``), which also hosts the job's TCPStore, and it keeps its
-state in a journal (``jobdir``) rewritten atomically after every change. If it dies, the
+state in a journal (``jobdir``) rewritten atomically after every change, and sent to the
+supervisors of its first ``JOURNAL_COPIES`` successors. If it dies, the
 supervisor starts it again with ``--resume`` on the same port; every rank's control thread and
 every node supervisor reconnect and say ``hello`` again with what they know (generation, step,
 phase), so the orchestrator rebuilds its view from the journal plus those hellos. A recovery
@@ -10,18 +11,52 @@ that was under way is started again from its beginning (freezing the groups a se
 harmless: the ranks report the same progress). Training never waits on the orchestrator; while
 it is down the job runs, and a failure in that window is handled once it is back (the
 supervisors keep the dead rank's exit and shared-memory state until then). The journal also
-names the nodes, and the copies of non-leader ranks' small state are kept in the job directory as
-they arrive, so a node that dies while this process is down is declared lost once the restarted
-one has waited ``RESUME_GRACE_S`` plus the node timeout for its hello, and its ranks are replaced
-from those copies.
+names the nodes and who holds whose copies, so a node that dies while this process is down is
+declared lost once the restarted one has waited ``RESUME_GRACE_S`` plus the node timeout for its
+hello, and its ranks are replaced from the copies its holder kept.
+
+Copies of the small state, peer to peer: every node's supervisor sends its ranks' small state
+(RNG, buffers, data positions; ``runtime/smallstate``) as it is written straight to the
+supervisor of the next alive node of a ring (``core.ring``; the ``peers`` order names it), which
+keeps it in memory and acknowledges each batch: this process never carries it, and the copies
+outlive its restarts.
+
+How old a lost node's copies can be, and the recovery rule: a replacement resumes at the
+boundary of its rank's newest held copy, ``post(a)``, and the survivors redo at most the step in
+flight -- ``core.plan_recovery`` needs ``a >= S - 1`` for the slowest survivor's step ``S``
+(a survivor still short of ``a`` is waited for; when all are past it, the replacement redoes
+step ``a + 1`` inexactly, its RNG and buffers pinned from the copy of ``mid(a)``, and re-syncs
+at the next boundary). Nothing rolls back: a
+survivor keeps no older parameters. The copies are made current enough instead: a rank holds
+its first gradient collective of step ``k + 1`` -- the point after which the survivors can
+finish that step -- until its supervisor says the holder has ``post(k)`` (and ``mid(k)`` when the
+forward pass changed its buffers): ``runtime/offnode``. The copy was sent a forward pass
+earlier, so the rank almost never waits; a slow forwarder, network or holder slows the job
+instead of making a loss unrecoverable. A node lost therefore leaves every rank's state at most
+the step in flight old, and when the rule cannot hold (a script whose gradients do not go
+through DDP's buckets: no gate) the recovery fails saying so, never a wrong result.
+
+How the job survives the loss of this process's node (its supervisor, this process and the
+job's TCPStore die together): the ring read from the node after this one is the *succession*,
+sent to every supervisor with each node's *standby* address (a port its supervisor reserved at
+start). Every other supervisor holds a ``watch`` connection to this node's supervisor
+(``node.PeerServer``); its closing without a ``bye`` (the process died) or its keep-alive
+failing (the host died) is the node's loss. The first successor -- which holds the lost node's
+copies and the journal -- starts a TCPStore and an orchestrator of its own on its standby port
+with ``--takeover-from``; the others reconnect there (their ranks follow through a file in the
+node directory), and the orchestrator loses the old node's ranks as in any node loss: survivors
+freeze, spares replace them from the copies, every group's next generation is built in the new
+store (``rebuild`` carries its address; replacements get it as ``MASTER_ADDR``). Where this
+cannot be survived -- a single-node job, no successor named yet, a successor that does not answer
+within ``node.TAKEOVER_TIMEOUT_S``, no spare, no replica -- every node's supervisor stops its
+workers and exits 1 with the reason, as torchrun's agents do when their rendezvous host is gone.
 
 Losses it handles: a rank killed (its supervisor's ``waitpid``), several at once, a loss while
 a recovery is under way (the recovery starts over with every rank lost so far and retires the
 replacements it had started; spares permitting), and a whole node: a supervisor silent for
 ``LOCKSTEP_NODE_TIMEOUT_S`` (1.5 s; on this host, silent with its connection closed) loses
-all its ranks, which are replaced from the copies of their small state the supervisors of
-non-leader nodes forward here as the ranks write it. The leader node's loss ends the job (it
-holds the store and this process), as the loss of torchrun's rendezvous host would.
+all its ranks, which are replaced from the copies of their small state its holder kept; the
+loss of this process's own node is survived by a takeover (above).
 
 Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
 the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,
@@ -56,7 +91,9 @@ RESUME_GRACE_S = float(os.environ.get("LOCKSTEP_RESUME_GRACE_S", "2"))
 # Ranks per job.heartbeat event: 256 rows are ~20 KiB, well inside the agent socket's 64 KiB line.
 HEARTBEAT_RANKS_PER_EVENT = 256
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
-REPLICA_KINDS = ("post", "mid", "pre", "records")  # a rank's small state: three slots and its records
+# How many successors get the journal (the first takes over; the second covers a successor lost
+# since the last change).
+JOURNAL_COPIES = 2
 LINE_LIMIT = 256 << 20  # a lost rank's state (buffers included) travels in one line
 
 COMMANDS: dict = {}
@@ -118,11 +155,14 @@ class NodeInfo:
     alive: bool = True
     last_seen: float = 0.0
     nproc: int = 0
+    peer: str = ""  # its supervisor's peer server (copies of other nodes' small state, the leader watch)
+    standby: str = ""  # the address an orchestrator it starts on taking over listens at
 
 
 class Orchestrator:
     def __init__(self, *, job: str, token: str, world_size: int, nnodes: int, scheduler_name: str,
-                 host: str, port: int, resume: bool):
+                 host: str, port: int, resume: bool, node: int = 0, takeover_from: int | None = None,
+                 store: str | None = None):
         self.job = job
         self.token = token
         self.world_size = world_size
@@ -145,10 +185,14 @@ class Orchestrator:
         self._task: asyncio.Task | None = None  # the recovery or migration under way
         self._task_kind = None
         self._lost_queue: set[int] = set()
-        # Copies of the small state of ranks on nodes other than the leader, as their supervisors
-        # forward them (``read_state``'s format): what replaces a rank whose whole node is lost.
-        self.replicas: dict[int, dict] = {}
-        self._replica_files = jobdir.ReplicaFiles(self.dir)
+        self.node = node  # the node whose supervisor runs this process
+        self.takeover_from = takeover_from  # the lost node whose orchestrator this one replaces
+        # Where the ranks build their groups' next generation (None: the job's own store, on node
+        # 0; a host:port once an orchestrator took over from a lost node 0, hosted by its node).
+        self.store_addr = store
+        # node -> the node whose supervisor holds the copies of its ranks' small state (core.ring);
+        # a lost node keeps the holder it had when it died.
+        self.holders: dict[int, int] = {}
         self._done = asyncio.Event()
         self.exit_code = 0
         self.failure: str | None = None
@@ -159,14 +203,22 @@ class Orchestrator:
     # -- journal ---------------------------------------------------------------------------
 
     def _journal(self):
-        jobdir.write_json(os.path.join(self.dir, "state.json"), {
+        data = {
             "job": self.job, "generation": self.generation, "world_size": self.world_size,
             "nnodes": self.nnodes, "problems": self.problems, "spares_used": self.spares_used,
             "ranks": {str(r.rank): r.public() | {"incarnation": r.incarnation} for r in self.ranks.values()},
             "history": self.history[-50:], "recovering": self._task_kind,
             "lost_pending": sorted(self._lost_queue),
-            "nodes": {str(n.node): {"host": n.host, "alive": n.alive} for n in self.nodes.values()},
-        })
+            "nodes": {str(n.node): {"host": n.host, "alive": n.alive, "peer": n.peer, "standby": n.standby,
+                                    "holder": self.holders.get(n.node)} for n in self.nodes.values()},
+            "store": self.store_addr, "orchestrator_node": self.node,
+        }
+        jobdir.write_json(os.path.join(self.dir, "state.json"), data)
+        # The successors keep it too: one of them resumes from it if this node is lost.
+        for n in self._succession()[:JOURNAL_COPIES]:
+            node = self.nodes[n]
+            if node.conn is not None:
+                node.conn.send({"op": "journal", "state": data})
 
     def _load_journal(self):
         data = jobdir.read_json(os.path.join(self.dir, "state.json"))
@@ -176,6 +228,8 @@ class Orchestrator:
         self.problems = list(data.get("problems", []))
         self.spares_used = int(data.get("spares_used", 0))
         self.history = list(data.get("history", []))
+        if self.store_addr is None:
+            self.store_addr = data.get("store")
         for key, info in data.get("ranks", {}).items():
             r = self.ranks.get(int(key))
             if r is not None:
@@ -189,9 +243,10 @@ class Orchestrator:
         known = data.get("nodes", {})
         for n in range(self.nnodes):
             info = known.get(str(n), {})
-            self.nodes[n] = NodeInfo(n, host=info.get("host", ""), alive=bool(info.get("alive", True)), last_seen=grace)
-        for rank, kinds in jobdir.read_replicas(self.dir, REPLICA_KINDS).items():
-            self.replicas[rank] = _empty_replica() | kinds
+            self.nodes[n] = NodeInfo(n, host=info.get("host", ""), alive=bool(info.get("alive", True)), last_seen=grace,
+                                     peer=info.get("peer", ""), standby=info.get("standby", ""))
+            if info.get("holder") is not None:
+                self.holders[n] = int(info["holder"])
         pending = set(data.get("lost_pending", []))
         if data.get("recovering"):
             pending |= {r.rank for r in self.ranks.values() if r.status in ("lost", "recovering")}
@@ -226,7 +281,12 @@ class Orchestrator:
         from lockstep.orchestrator import snapshots  # registers its commands; the periodic schedule
 
         snapshots.start_schedule(self)
-        if self._lost_queue:
+        if self.takeover_from is not None:
+            lost = self.takeover_from
+            self._event("job.orchestrator_moved", {"from_node": lost, "to_node": self.node, "store": self.store_addr})
+            print(f"lockstep: node {self.node} took over the orchestrator of lost node {lost}", file=sys.stderr, flush=True)
+            self._node_lost(lost, f"node {lost}, which ran the orchestrator, was lost; node {self.node} took over")
+        elif self._lost_queue:
             asyncio.get_running_loop().call_later(2.0, self._kick_recovery)
         async with tcp, unix:
             await self._done.wait()
@@ -307,12 +367,13 @@ class Orchestrator:
         conn.role = role
         if role == "supervisor":
             n = int(msg["node"])
-            new = n not in self.nodes or self.nodes[n].host != msg.get("host", "")
             node = self.nodes.setdefault(n, NodeInfo(n))
             node.conn = conn
             node.host = msg.get("host", "")
             node.spares = int(msg.get("spares", 0))
             node.nproc = int(msg.get("nproc", 0))
+            node.peer = msg.get("peer", "")
+            node.standby = msg.get("standby", "")
             node.alive = True
             node.last_seen = time.monotonic()
             for r, pid in msg.get("ranks", {}).items():
@@ -321,8 +382,8 @@ class Orchestrator:
                 info.pid = pid
             for ex in msg.get("exits", []):
                 self._from_node(node, dict(ex, op="exited"))
-            if new:
-                self._journal()
+            self._send_peers()
+            self._journal()  # a successor that reconnects gets the journal at once
             self._changed.set()
             return node
         rank = int(msg["rank"])
@@ -401,15 +462,31 @@ class Orchestrator:
             return
         if op == "exited":
             self._rank_exited(node, msg)
-        elif op == "replica":
-            rank = int(msg["rank"])
-            copy = self.replicas.setdefault(rank, _empty_replica())
-            if msg["kind"] == "records":
-                copy["records"] = msg["records"]
-            else:
-                copy[msg["kind"]] = msg["slot"]
-            # Kept on disk too: a node that dies while this process restarts is replaced from it.
-            self._replica_files.put(rank, msg["kind"], copy[msg["kind"]])
+
+    # -- the ring of copies and the succession -----------------------------------------------
+
+    def _unconnected(self) -> list[int]:
+        return [n.node for n in self.nodes.values() if n.alive and n.conn is None]
+
+    def _succession(self) -> list[int]:
+        return core.ring([n.node for n in self.nodes.values() if n.alive], self.node)[1]
+
+    def _send_peers(self):
+        """Tell every node's supervisor where to send its ranks' copies, which node runs this
+        process (to watch it), who takes over if that node is lost (its standby address) and
+        where the store is. A lost node's holder stays as it was: its copies are there."""
+        alive = [n.node for n in self.nodes.values() if n.alive and n.peer]
+        holders, succession = core.ring(alive, self.node)
+        self.holders.update(holders)
+        me = self.nodes.get(self.node)
+        msg = {"op": "peers", "orchestrator_node": self.node, "orchestrator_peer": me.peer if me else "",
+               "succession": [{"node": n, "standby": self.nodes[n].standby} for n in succession],
+               "store": self.store_addr}
+        for n in alive:
+            node = self.nodes[n]
+            if node.conn is not None:
+                holder = holders.get(n)
+                node.conn.send(dict(msg, holder=self.nodes[holder].peer if holder is not None else None))
 
     # -- node requests ---------------------------------------------------------------------
 
@@ -472,6 +549,7 @@ class Orchestrator:
             return
         node.alive = False
         ranks = [r.rank for r in self.ranks.values() if r.node == n and r.status in ("starting", "running", "recovering")]
+        self._send_peers()
         self._lose(ranks, why)
 
     def _lose(self, ranks: list[int], why: str):
@@ -550,6 +628,10 @@ class Orchestrator:
                      if r.rank not in lost and r.status in ("starting", "running", "recovering")]
         if not survivors:
             raise core.Unrecoverable("every rank was lost: no data-parallel replica holds the model state")
+        # After a restart or a takeover the supervisors reconnect first: they hold the lost ranks'
+        # copies and the spares (a node that never does is declared lost meanwhile).
+        await self.wait_until(lambda: all(n.conn is not None or not n.alive for n in self.nodes.values()),
+                              lambda: f"the supervisors of nodes {self._unconnected()} to reconnect")
         for r in lost:
             self.ranks[r].status = "recovering"
             self._event("job.migration_started", {"rank": r, "reason": "failure", "from_node": self.ranks[r].node})
@@ -581,8 +663,7 @@ class Orchestrator:
         plan = core.plan_recovery(gen, reports, {r: _post_step(sources[r]) for r in lost})
         for s in survivors:
             s.events.pop("rebuilt", None)
-            self.send_rank(s.rank, {"op": "rebuild", "generation": gen,
-                                    "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
+            self.send_rank(s.rank, self._rebuild_order(gen, plan))
         for r in lost:
             self._update_plan(r, {"live_after": plan.live_after, "donors": plan.donors[r], "generation": gen,
                                   "resume_at": plan.resume_at[r], "rerun_from_seq": plan.rerun_from_seq})
@@ -612,15 +693,21 @@ class Orchestrator:
             self._kick_recovery()
 
     async def _read_source(self, rank: int) -> dict:
+        """The rank's small state: from its node's shared memory, or, its node lost, from the
+        copies its node's supervisor sent to the holder's."""
         info = self.ranks[rank]
         node = self.nodes.get(info.node) if info.node is not None else None
-        if node is None or not node.alive or node.conn is None:
-            src = self.replicas.get(rank)
-            if src is None:
-                raise core.Unrecoverable(f"rank {rank}'s node is gone and no copy of its per-rank state left it")
-            return src
-        msg = await self.node_request(info.node, {"op": "read_state", "rank": rank})
-        return msg["source"]
+        if node is not None and node.alive and node.conn is not None:
+            return (await self.node_request(info.node, {"op": "read_state", "rank": rank}))["source"]
+        holder = self.holders.get(info.node) if info.node is not None else None
+        if holder is None or holder == info.node or not self.nodes[holder].alive or self.nodes[holder].conn is None:
+            raise core.Unrecoverable(f"rank {rank}'s node is gone and no copy of its per-rank state (RNG, data "
+                                     "position) is left on another node")
+        return (await self.node_request(holder, {"op": "read_copy", "rank": rank}))["source"]
+
+    def _rebuild_order(self, gen: int, plan: core.RecoveryPlan) -> dict:
+        return {"op": "rebuild", "generation": gen, "store": self.store_addr,
+                "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}}
 
     async def _retire_replacement(self, rank: int):
         info = self.ranks[rank]
@@ -725,8 +812,7 @@ class Orchestrator:
             plan = core.plan_recovery(gen, reports, {rank: boundary})
             for s in others:
                 s.events.pop("rebuilt", None)
-                s.conn.send({"op": "rebuild", "generation": gen,
-                             "groups": {g: {"rerun_from_seq": n} for g, n in plan.rerun_from_seq.items()}})
+                s.conn.send(self._rebuild_order(gen, plan))
             self._update_plan(rank, {"source": source, "resume_at": boundary, "generation": gen,
                                      "live_after": plan.live_after, "donors": [old_addr] + plan.donors[rank],
                                      "rerun_from_seq": plan.rerun_from_seq})
@@ -801,10 +887,6 @@ class Orchestrator:
             writer.close()
 
 
-def _empty_replica() -> dict:
-    return {"post": None, "mid": None, "pre": None, "records": []}
-
-
 def _post_step(source: dict) -> int | None:
     post = source.get("post") if source else None
     return int(post[0]) if post else None
@@ -834,13 +916,19 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--advertise", default="127.0.0.1", help="the address other nodes reach this host at")
+    ap.add_argument("--node", type=int, default=0, help="the node whose supervisor runs this process")
+    ap.add_argument("--takeover-from", type=int, default=None,
+                    help="resume from the journal a successor kept: this node's orchestrator was lost with it")
+    ap.add_argument("--store", default=None, help="host:port of the store the ranks rebuild their groups in")
     args = ap.parse_args(argv)
     token = os.environ.get("LOCKSTEP_JOB_TOKEN", "")
     if not token:
         print("lockstep orchestrator: LOCKSTEP_JOB_TOKEN is not set", file=sys.stderr)
         return 2
     orch = Orchestrator(job=args.job, token=token, world_size=args.world_size, nnodes=args.nnodes,
-                        scheduler_name=args.scheduler, host=args.host, port=args.port, resume=args.resume)
+                        scheduler_name=args.scheduler, host=args.host, port=args.port,
+                        resume=args.resume or args.takeover_from is not None, node=args.node,
+                        takeover_from=args.takeover_from, store=args.store)
     orch.advertise = args.advertise
     signal.signal(signal.SIGTERM, lambda *a: orch._done.set())
     return asyncio.run(orch.serve())

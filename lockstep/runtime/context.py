@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from lockstep.runtime import smallstate
+from lockstep.runtime import offnode, smallstate
 from lockstep.runtime.replay import REAL_STEPS, SideEffects, Skeleton, signature
 from lockstep.runtime.rng import RngTracker
 
@@ -59,6 +59,9 @@ class Runtime:
         self.role = env.get("LOCKSTEP_ROLE", "worker")
         self.generation = int(env.get("LOCKSTEP_GENERATION", "0"))
         self.node_dir = env.get("LOCKSTEP_NODE_DIR")
+        # The store the groups' next generations are built in, once the job's own store was lost
+        # with its node (an orchestrator took over elsewhere): a ``rebuild`` order says where.
+        self.store_addr = env.get("LOCKSTEP_STORE") or None
         self.step_no = 0
         self.first_grad_op_pending = True
         self.replaying = self.role == "replacement"
@@ -88,6 +91,15 @@ class Runtime:
         self._boundary_actions: list = []
         self._writers = None
         self._records = None
+        # The off-node copy (multi-node jobs, ``offnode``): the gate this rank's step waits at,
+        # the word that wakes its supervisor's forwarder, and the buffers of the last ``post``
+        # (a forward pass that changes them makes the gate wait for ``mid`` too).
+        self._copy_gate = None
+        self._written = None
+        self._writes = 0
+        self._post_step: int | None = None  # a worker's first boundary written is step 1's
+        self._post_buffers = b""
+        self._needs_mid = False
         self._buffer_cache = None
         # replacement
         self.plan = None  # replacement.Plan
@@ -103,6 +115,7 @@ class Runtime:
             if self.role == "worker":
                 self._writers = {kind: smallstate.SlotWriter(paths[kind]) for kind in smallstate.KINDS}
                 self._records = smallstate.RecordWriter(paths["records"])
+                self._watch_copy()
 
     # -- messages --------------------------------------------------------------------------
 
@@ -227,7 +240,32 @@ class Runtime:
     def _write_small(self, kind: str):
         if self._writers is None:
             return
-        self._writers[kind].write(self.step_no, smallstate.encode(self.small_fields(kind)))
+        fields = self.small_fields(kind)
+        self._writers[kind].write(self.step_no, smallstate.encode(fields))
+        if self._written is not None and kind != "pre":
+            if kind == "post":
+                self._post_step = self.step_no
+                self._post_buffers = fields.get("buffers", b"")
+            else:
+                self._needs_mid = fields.get("buffers", b"") != self._post_buffers
+                if not self._needs_mid:
+                    return  # the gate waits for post only: mid goes with the next batch
+            self._writes += 1
+            self._written.touch(self.rank, self._writes)
+
+    def _watch_copy(self):
+        if self._copy_gate is None:
+            import atexit
+
+            atexit.register(self._say_copy_summary)
+        self._copy_gate = offnode.CopyGate(self.node_dir, self.rank, self.say)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self._written = offnode.Written(self.node_dir, create=False)
+
+    def _say_copy_summary(self):
+        line = self._copy_gate.summary() if self._copy_gate is not None else None
+        if line:
+            self.say(line)
 
     def start_writing(self, inherited_records):
         """A replacement gone live writes the rank's small state from now on; its record file
@@ -238,6 +276,7 @@ class Runtime:
         fresh = not os.path.exists(paths["records"]) or os.path.getsize(paths["records"]) == 0
         self._writers = {kind: smallstate.SlotWriter(paths[kind]) for kind in smallstate.KINDS}
         self._records = smallstate.RecordWriter(paths["records"])
+        self._watch_copy()
         if fresh:
             for meta, blob in inherited_records:
                 self._records.append(meta, blob)
@@ -265,6 +304,10 @@ class Runtime:
         if self.phase == "replay":
             self.plan.pin("mid", self.step_no, self)
         self._write_small("mid")
+        if self._copy_gate is not None and self._post_step == self.step_no:
+            # From here on the survivors can finish this step: not before the off-node copy
+            # holds the boundary it started from (``offnode``: a lost node costs one step at most).
+            self._copy_gate.wait(self.step_no, self._needs_mid)
 
     def _check_replicated(self, opt):
         """Sharded parameters (FSDP's flat parameters, DTensors) have no data-parallel replica:

@@ -74,9 +74,17 @@ class Controller:
 
     # -- receiving -------------------------------------------------------------------------
 
+    def _address(self) -> str:
+        """Where the orchestrator is now: the node's supervisor rewrites the file when it moves."""
+        if self.rt.node_dir:
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    open(os.path.join(self.rt.node_dir, "orchestrator.json")) as f:
+                return json.load(f)["addr"]
+        return self.addr
+
     def _run(self):
-        host, port = self.addr.rsplit(":", 1)
         while True:
+            host, port = self._address().rsplit(":", 1)
             try:
                 sock = socket.create_connection((host, int(port)), timeout=5)
             except OSError:
@@ -153,6 +161,8 @@ class Controller:
 
     def _rebuild(self, msg: dict):
         generation = int(msg["generation"])
+        if msg.get("store"):
+            self.rt.store_addr = msg["store"]
         try:
             for gid, pg in list(self.rt.groups.items()):
                 spec = msg.get("groups", {}).get(gid, {})

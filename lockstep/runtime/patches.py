@@ -47,10 +47,14 @@ def _inner_backend_for(requested) -> str:
     return "gloo"
 
 
-def _backend_factory(store, rank, size, timeout, inner_name, group_id):
+def _backend_factory(rt, store, rank, size, timeout, inner_name, group_id):
     def build(generation: int):
         base = store
-        if generation:
+        if rt.store_addr:
+            # The job's store was lost with its node; every member builds here from now on.
+            host, port = rt.store_addr.rsplit(":", 1)
+            base = dist.TCPStore(host, int(port), None, False, timeout=timeout)
+        elif generation:
             # A connection of its own: a superseded generation's build may still be blocked in
             # the store waiting for a member that died, and a store client serves one call at a time.
             with contextlib.suppress(RuntimeError, NotImplementedError):
@@ -231,7 +235,7 @@ def install(rt):
         group_counter[0] += 1
         inner_name = _REQUESTED.get("backend", "gloo")
         timeout = opts.timeout if isinstance(opts.timeout, timedelta) else timedelta(minutes=30)
-        factory = _backend_factory(opts.store, opts.group_rank, opts.group_size, timeout, inner_name, gid)
+        factory = _backend_factory(rt, opts.store, opts.group_rank, opts.group_size, timeout, inner_name, gid)
         pg = ResilientProcessGroup(rank=opts.group_rank, size=opts.group_size, group_id=gid, runtime=rt,
                                    backend_factory=factory, inner_name=inner_name, timeout=timeout,
                                    generation=rt.plan.generation if rt.plan is not None else rt.generation,

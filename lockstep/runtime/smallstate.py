@@ -196,21 +196,28 @@ class RecordWriter:
 
 
 def read_records(path: str) -> list[tuple[dict, bytes]]:
+    return read_records_from(path, 0)[0]
+
+
+def read_records_from(path: str, offset: int) -> tuple[list[tuple[dict, bytes]], int]:
+    """The complete records from byte ``offset`` on, and the offset after the last of them (a
+    supervisor copying the file off the node sends only what it has not sent yet)."""
     try:
         with open(path, "rb") as f:
+            f.seek(offset)
             data = f.read()
     except FileNotFoundError:
-        return []
+        return [], offset
     out = []
     off = 0
     while off + 8 <= len(data):
         jlen, blen = struct.unpack_from("<II", data, off)
         if off + 8 + jlen + blen > len(data):
-            break  # a record cut short by the rank's death
+            break  # a record cut short by the rank's death, or still being written
         meta = json.loads(data[off + 8: off + 8 + jlen])
         out.append((meta, data[off + 8 + jlen: off + 8 + jlen + blen]))
         off += 8 + jlen + blen
-    return out
+    return out, offset + off
 
 
 def rank_paths(node_dir: str, rank: int) -> dict[str, str]:

@@ -50,6 +50,14 @@ def test_a_lost_rank_whose_last_replica_is_too_old_is_refused():
         core.plan_recovery(1, [survivor(0, 9, 10, (9, 0))], {1: 3})
 
 
+def test_a_copy_one_step_behind_the_slowest_survivor_redoes_that_step_and_two_behind_is_refused():
+    # What a lost node leaves under offnode's bound: its ranks' copies hold post(S - 1) at worst.
+    plan = core.plan_recovery(1, [survivor(0, 8, 20, (8, 1)), survivor(1, 8, 20, (8, 1))], {2: 7, 3: 8})
+    assert plan.resume_at == {2: 7, 3: 8} and plan.redo_steps == 1
+    with pytest.raises(core.Unrecoverable, match="last replicated step is 6 but the survivors are at step 8"):
+        core.plan_recovery(1, [survivor(0, 8, 20, (8, 1)), survivor(1, 9, 21, (9, 0))], {2: 6})
+
+
 def test_no_survivor_means_no_replica():
     with pytest.raises(core.Unrecoverable, match="every rank was lost"):
         core.plan_recovery(1, [], {0: 4})
@@ -80,6 +88,16 @@ def test_a_replacement_prefers_the_lost_ranks_node_then_the_one_with_most_spares
     assert core.pick_node(nodes, 0) == 0
     assert core.pick_node(nodes, 2) == 1
     assert core.pick_node({0: {"alive": True, "spares": 0}}, 0) is None
+
+
+def test_copies_go_round_a_ring_and_the_first_successor_holds_the_orchestrator_nodes_copies():
+    holders, succession = core.ring([0, 1, 2], leader=0)
+    assert holders == {0: 1, 1: 2, 2: 0} and succession == [1, 2]
+    holders, succession = core.ring([3, 1, 2], leader=2)
+    assert holders == {1: 2, 2: 3, 3: 1} and succession == [3, 1]
+    assert holders[2] == succession[0]
+    assert core.ring([1, 2], leader=0) == ({1: 2, 2: 1}, [1, 2])  # the orchestrator's node is gone
+    assert core.ring([0], leader=0) == ({}, [])
 
 
 def test_silent_nodes_are_lost_after_the_timeout():
