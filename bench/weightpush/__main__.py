@@ -142,7 +142,8 @@ def run_wire(args, weights, n) -> float:
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in weights.values()])
     names = [f"wire{i}" for i in range(n)]
     links = Links(args.transport, n, names)
-    procs = [spawn("wire", args, links.port, name, ["--nbytes", str(flat.numel()), "--rounds", str(args.rounds)]) for name in names]
+    extra = ["--nbytes", str(flat.numel()), "--tensors", str(len(weights)), "--rounds", str(args.rounds)]
+    procs = [spawn("wire", args, links.port, name, extra) for name in names]
     links.accept()
     for p in procs:
         ready(p)
@@ -225,18 +226,33 @@ def run_lockstep(args, model, n, copy) -> dict:
             if p.poll() is None:
                 p.kill()
         pub.close()
-    during = [b for r in reports for at, b in r["samples"] if any(a <= at <= z for a, z in windows)]
-    quiet = [b for r in reports for at, b in r["samples"] if at < windows[0][0]]
+    def steps(inside: bool) -> list[tuple]:
+        return [st for r in reports for st in r["samples"] if any(a <= st[0] <= z for a, z in windows) == inside and (inside or st[0] < windows[0][0])]
+
+    during, quiet = steps(True), steps(False)
+    busy, calm = blocked_stats(during), blocked_stats(quiet)
     return {
         "push_s": min(times),
         "stall_s": min(stalls),  # best of the rounds, like push_s
         "held_s": min(helds),
-        "max_blocked_s": max(during, default=0.0),
-        "quiet_max_blocked_s": max(quiet, default=0.0),
+        **{f"{key}_s": v for key, v in busy.items()},
+        **{f"quiet_{key}_s": v for key, v in calm.items()},
         "max_swap_s": max(r["max_swap_s"] for r in reports),
         "max_lock_wait_s": max(r["max_lock_wait_s"] for r in reports),
-        "rollout_steps": sum(len(r["samples"]) for r in reports),
+        "rollout_steps": len(during) + len(quiet),
         "errors": [e for r in reports for e in r["errors"]],
+    }
+
+
+def blocked_stats(samples: list[tuple]) -> dict:
+    """Per rollout step (see replica.StepClock): blocked on the push = asleep + its swap; runqueue wait apart."""
+    blocked = sorted(max(0.0, wall - cpu - runq) + swap for _, _, wall, cpu, runq, _, swap in samples) or [0.0]
+    return {
+        "blocked_max": blocked[-1],
+        "blocked_p99": blocked[min(len(blocked) - 1, int(0.99 * len(blocked)))],
+        "runq_max": max((s[4] for s in samples), default=0.0),
+        "entered_max": max((s[1] for s in samples), default=0.0),
+        "step_max": max((s[2] for s in samples), default=0.0),
     }
 
 
@@ -295,9 +311,11 @@ def main(argv=None) -> int:
                     r["ratio"] = r["push_s"] / wire_s if wire_s else float("nan")
                     pushes[copy].append(r)
                     print(f"  {n} replica(s), repeat {k + 1}: lockstep/{copy} {r['push_s']:.2f} s = {r['ratio']:.2f} x wire (stall {r['stall_s'] * 1e3:.0f} ms, "
-                          f"weights held {r['held_s'] * 1e3:.0f} ms, rollout step blocked at most {r['max_blocked_s'] * 1e3:.2f} ms during pushes, "
-                          f"{r['quiet_max_blocked_s'] * 1e3:.2f} ms when quiet, longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
-                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.2f} ms)", flush=True)
+                          f"weights held {r['held_s'] * 1e3:.0f} ms; rollout steps during pushes: blocked max {r['blocked_max_s'] * 1e3:.2f} ms, "
+                          f"p99 {r['blocked_p99_s'] * 1e3:.2f} ms (quiet max {r['quiet_blocked_max_s'] * 1e3:.2f}), longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
+                          f"runqueue wait max {r['runq_max_s'] * 1e3:.2f} ms (quiet {r['quiet_runq_max_s'] * 1e3:.2f}), "
+                          f"wall to enter hold() max {r['entered_max_s'] * 1e3:.2f} ms (quiet {r['quiet_entered_max_s'] * 1e3:.2f}), "
+                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.3f} ms, steps {r['rollout_steps']})", flush=True)
         naive_s = None
         if "naive" in methods:
             naive_s = run_naive(args, weights, n)
@@ -309,7 +327,8 @@ def main(argv=None) -> int:
                 row.update({
                     "push_s": [r["push_s"] for r in rs], "ratios": [r["ratio"] for r in rs],
                     "stall_s": min(r["stall_s"] for r in rs), "held_s": median([r["held_s"] for r in rs]),
-                    "max_blocked_s": max(r["max_blocked_s"] for r in rs), "quiet_max_blocked_s": max(r["quiet_max_blocked_s"] for r in rs),
+                    **{key: max(r[key] for r in rs) for key in ("blocked_max_s", "blocked_p99_s", "quiet_blocked_max_s", "runq_max_s",
+                                                                 "quiet_runq_max_s", "entered_max_s", "quiet_entered_max_s")},
                     "max_swap_s": max(r["max_swap_s"] for r in rs), "max_lock_wait_s": max(r["max_lock_wait_s"] for r in rs),
                     "errors": [e for r in rs for e in r["errors"]],
                 })
@@ -317,15 +336,16 @@ def main(argv=None) -> int:
     header["load_after"] = load_average()
     nan = float("nan")
     print()
-    print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms | rollout blocked max ms (during / quiet) | longest swap ms | load |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms "
+          "| step blocked on the push ms: max / p99 (quiet max) | longest swap ms | runqueue wait max ms (during / quiet) | load |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         ratios = r.get("ratios") or [nan]
         print(f"| {r['replicas']} | {r['copy']} | {median(r['wire_s']) if r['wire_s'] else nan:.2f} | {median(r['push_s']) if r.get('push_s') else nan:.2f} | "
               f"**{median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) | {r['naive_s'] if r['naive_s'] is not None else nan:.2f} | "
               f"{1e3 * r.get('stall_s', nan):.0f} | {1e3 * r.get('held_s', nan):.0f} | "
-              f"{1e3 * r.get('max_blocked_s', nan):.2f} / {1e3 * r.get('quiet_max_blocked_s', nan):.2f} | "
-              f"{1e3 * r.get('max_swap_s', nan):.2f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
+              f"{1e3 * r.get('blocked_max_s', nan):.2f} / {1e3 * r.get('blocked_p99_s', nan):.2f} ({1e3 * r.get('quiet_blocked_max_s', nan):.2f}) | "
+              f"{1e3 * r.get('max_swap_s', nan):.2f} | {1e3 * r.get('runq_max_s', nan):.1f} / {1e3 * r.get('quiet_runq_max_s', nan):.1f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
     print(f"load before {header['load_before']}, after {header['load_after']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -7,6 +7,14 @@ on entry, and only when no other generation holds them, a pending version is swa
 pointer per changed tensor, and ``param.data`` for a bound module); inside, the weights never
 change. So a generation runs on exactly one version, and a rollout step waits at most one swap.
 
+That bound holds by construction: the lock ``hold()`` takes (``_cond``) is held by anyone else
+only for a few pointer assignments (receivers keep their own bookkeeping under
+``_receive_lock``, which ``hold()`` never takes; each version's name -> tensor map is built
+before it becomes pending), and ``hold()`` writes to no socket (its ``applied`` goes through the
+outbox thread). What a step can still lose to the push is the GIL while a receiver thread runs
+Python between its transfers, which release it (``recv_into`` / gloo ``wait``);
+``bench/weightpush`` measures that per step.
+
 If a new version starts arriving while another is pending, the pending one is dropped (its
 buffers are about to be overwritten) and the replica keeps running the version it has until the
 new one is complete. If the publisher goes away, the replica keeps its version and reconnects;
@@ -17,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -36,14 +46,17 @@ class Weights:
     """One version's tensors, stable for as long as it is held."""
 
     version: int
-    tensors: dict[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor]
+    lock_wait_s: float = 0.0  # how long this hold() waited for the replica's lock
+    swap_s: float = 0.0  # the swap this hold() did on entry (0: none)
 
 
 class _Receiving:
-    def __init__(self, version: int, send: list[int], changed_at: list[int], dest: dict[int, int]):
+    def __init__(self, version: int, send: list[int], changed_at: list[int], active: list[int] | None, dest: dict[int, int]):
         self.version = version
         self.send = send
         self.changed_at = changed_at
+        self.active = active  # the running mapping; no swap can change it while this version arrives
         self.dest = dest  # tensor -> buffer it is written into
         self.streams_done: set[int] = set()
 
@@ -63,7 +76,8 @@ class WeightReplica:
         self._token = token or ""
         self._reconnect = reconnect
         self._connect_timeout = connect_timeout_s
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # hold() and swaps; others keep it for pointer assignments only
+        self._receive_lock = threading.Lock()  # receivers' bookkeeping (_receiving, _buffer_version)
         self._keys: list[str] = []
         self._layout: list | None = None
         self._buffers: list[list[torch.Tensor]] = []
@@ -71,18 +85,21 @@ class WeightReplica:
         self._buffer_version: list[list[int]] = []
         self._active: list[int] | None = None
         self._version: int | None = None
-        self._pending: tuple[int, list[int]] | None = None
+        self._tensors: Mapping[str, torch.Tensor] = MappingProxyType({})
+        self._pending: tuple[int, list[int], Mapping[str, torch.Tensor]] | None = None
         self._receiving: _Receiving | None = None
         self._holders = 0
         self._bound: list[tuple[int, torch.Tensor]] = []
         self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (socket, frame): written by one thread
         self._closed = False
         self.swaps = 0
         self.last_swap_s = 0.0
         self.max_swap_s = 0.0
         self.max_lock_wait_s = 0.0  # longest a hold() waited for a receiver thread's bookkeeping
         self.errors: list[str] = []
+        self._sender = threading.Thread(target=self._send_loop, name=f"replica-{self.name}-send", daemon=True)
+        self._sender.start()
         self._thread = threading.Thread(target=self._control_loop, name=f"replica-{self.name}", daemon=True)
         self._thread.start()
 
@@ -109,14 +126,16 @@ class WeightReplica:
     @contextlib.contextmanager
     def hold(self, timeout: float | None = None) -> Iterator[Weights]:
         """The weights of one version, unchanged until the block ends (swap to a newer one on entry)."""
-        self.wait_for_version(1, timeout)
         asked = time.perf_counter()
         with self._cond:
-            self.max_lock_wait_s = max(self.max_lock_wait_s, time.perf_counter() - asked)
-            if self._pending is not None and self._holders == 0:
-                self._swap()
+            lock_wait = time.perf_counter() - asked
+            if self._version is None:
+                self.wait_for_version(1, timeout)  # only before the first version
+            else:
+                self.max_lock_wait_s = max(self.max_lock_wait_s, lock_wait)
+            swap_s = self._swap() if self._pending is not None and self._holders == 0 else 0.0
             self._holders += 1
-            weights = Weights(self._version, {k: self._buffers[i][self._active[i]] for i, k in enumerate(self._keys)})
+            weights = Weights(self._version, self._tensors, lock_wait, swap_s)
         try:
             yield weights
         finally:
@@ -145,21 +164,25 @@ class WeightReplica:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=10)
+        self._outbox.put(None)
+        self._sender.join(timeout=10)
 
     # -- swapping (under self._cond) -------------------------------------------------------------
 
-    def _swap(self) -> None:
+    def _swap(self) -> float:
         started = time.perf_counter()
-        version, mapping = self._pending
+        version, mapping, tensors = self._pending
         self._pending = None
         old = self._active
         self._active = mapping
         self._version = version
+        self._tensors = tensors
         self._rebind([i for i in range(len(mapping)) if old is None or old[i] != mapping[i]])
+        self._send({"op": "applied", "version": version})
         self.swaps += 1
         self.last_swap_s = time.perf_counter() - started
         self.max_swap_s = max(self.max_swap_s, self.last_swap_s)
-        self._send({"op": "applied", "version": version})
+        return self.last_swap_s
 
     def _rebind(self, changed) -> None:
         wanted = set(changed)
@@ -171,11 +194,15 @@ class WeightReplica:
     # -- receiving -------------------------------------------------------------------------------
 
     def _send(self, frame: dict) -> None:
-        with self._send_lock:
-            sock = self._sock
-            if sock is None:
-                return
-            with contextlib.suppress(OSError):  # the control loop notices and reconnects
+        """Queue a frame for this session's control socket (never blocks: hold() calls it)."""
+        sock = self._sock
+        if sock is not None:
+            self._outbox.put((sock, frame))
+
+    def _send_loop(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            sock, frame = item
+            with contextlib.suppress(OSError):  # a closed session: the control loop reconnects
                 send_frame(sock, frame)
 
     def _allocate(self, layout: list) -> None:
@@ -195,7 +222,7 @@ class WeightReplica:
         version = header.get("version")
         if not isinstance(version, int):
             raise ProtocolError("data header without a version")
-        with self._cond:
+        with self._receive_lock:
             rec = self._receiving
             if rec is not None and rec.version == version:
                 return rec
@@ -205,37 +232,41 @@ class WeightReplica:
                 raise ProtocolError("data header needs send and changed_at for every tensor")
             if not all(isinstance(i, int) and 0 <= i < n for i in send) or not all(isinstance(v, int) for v in changed_at):
                 raise ProtocolError("data header: bad send or changed_at")
-            # The buffers written now may hold the pending version: it can no longer be swapped in.
-            self._pending = None
+            with self._cond:
+                # The buffers written now may hold the pending version: it can no longer be swapped
+                # in. With nothing pending, no swap happens until this version is complete.
+                self._pending = None
+                active = self._active
             dest = {}
             for i in send:
-                dest[i] = 0 if self._active is None else 1 - self._active[i]
+                dest[i] = 0 if active is None else 1 - active[i]
                 self._buffer_version[i][dest[i]] = -1
-            rec = self._receiving = _Receiving(version, send, changed_at, dest)
+            rec = self._receiving = _Receiving(version, send, changed_at, active, dest)
             return rec
 
     def _finish(self, rec: _Receiving, stream: int, streams: int) -> None:
-        with self._cond:
+        with self._receive_lock:
             if self._receiving is not rec:
                 return
             rec.streams_done.add(stream)
             if len(rec.streams_done) < streams:
                 return
+            self._receiving = None
             for i in rec.send:
                 self._buffer_version[i][rec.dest[i]] = rec.version
             mapping = []
             for i, need in enumerate(rec.changed_at):
-                prefer = [self._active[i], 1 - self._active[i]] if self._active is not None else [0, 1]
+                prefer = [rec.active[i], 1 - rec.active[i]] if rec.active is not None else [0, 1]
                 valid = [b for b in prefer if self._buffer_version[i][b] >= need]
                 if not valid:
-                    self._receiving = None
                     self.errors.append(f"version {rec.version}: no valid buffer for {self._keys[i]!r}")
                     self._send({"op": "resync"})
                     return
                 mapping.append(valid[0])
-            self._receiving = None
-            self._pending = (rec.version, mapping)
-            self._cond.notify_all()
+            tensors = MappingProxyType({k: self._buffers[i][mapping[i]] for i, k in enumerate(self._keys)})
+            with self._cond:
+                self._pending = (rec.version, mapping, tensors)
+                self._cond.notify_all()
         self._send({"op": "received", "version": rec.version})
 
     def _receive_loop(self, link, stream: int, streams: int, sizes: list[int]) -> None:
@@ -275,9 +306,8 @@ class WeightReplica:
         sock = self._connect()
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self._send_lock:
-            self._sock = sock
         send_frame(sock, {"op": "hello", "replica": self.name, "token": self._token})
+        self._sock = sock  # from now on the outbox thread is its only writer
         layout_frame = recv_frame(sock)
         if layout_frame.get("op") == "refused":
             raise PermissionError(f"publisher refused replica {self.name}: {layout_frame.get('error')}")
@@ -285,7 +315,7 @@ class WeightReplica:
             raise ProtocolError(f"expected layout, got {layout_frame.get('op')!r}")
         layout = parse_layout(layout_frame.get("tensors"))
         streams, epoch = int(layout_frame["streams"]), int(layout_frame["epoch"])
-        with self._cond:
+        with self._receive_lock, self._cond:
             self._allocate(layout)
             self._receiving = None
         sizes = [nbytes for _, _, _, nbytes in layout]
@@ -313,8 +343,7 @@ class WeightReplica:
                 if frame.get("op") == "refused":
                     raise PermissionError(str(frame.get("error")))
         finally:
-            with self._send_lock:
-                self._sock = None
+            self._sock = None
             with contextlib.suppress(OSError):
                 sock.close()
             for lk in links:
