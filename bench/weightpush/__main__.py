@@ -13,8 +13,11 @@ the wire phase just before it, and the table gives the median and the range of t
 - **wire**: a plain bulk copy, the model's bytes as one contiguous buffer sent to every replica
   at once (one stream each), into a preallocated buffer: the transport's floor.
 - **lockstep**: ``WeightPublisher.push`` of a full new version (no delta), from the call until
-  every replica has acknowledged it whole; replicas keep running rollout steps meanwhile and
-  report how long a step was ever blocked (``max_blocked``) against their longest swap.
+  every replica has acknowledged it whole; replicas keep running rollout steps meanwhile, and
+  each step's wall time is split (``replica.StepClock``) into its own CPU, waiting for a core
+  (runqueue: CPU contention) and asleep (on the replica's lock or the GIL). A step's time
+  *blocked on the push* is asleep + the swap it did; the table gives its max and p99 during
+  pushes against the longest swap. The wire's replicas run the same rollout steps.
   ``--copy shared`` (the default): ``WeightPublisher(model, share=True)`` and ``push(overlap=True)``:
   the model's tensors live in memory shared with the leader, which sends straight from them (no
   copy before the send; the arena copy for late joiners follows delivery); ``--copy pull``:
@@ -231,22 +234,29 @@ def run_lockstep(args, model, n, copy) -> dict:
 
     during, quiet = steps(True), steps(False)
     busy, calm = blocked_stats(during), blocked_stats(quiet)
+    longest_swap = max(r["max_swap_s"] for r in reports)
     return {
+        "over_swap": sum(1 for st in during if blocked_s(st) > longest_swap),  # the goal: none
         "push_s": min(times),
         "stall_s": min(stalls),  # best of the rounds, like push_s
         "held_s": min(helds),
         **{f"{key}_s": v for key, v in busy.items()},
         **{f"quiet_{key}_s": v for key, v in calm.items()},
-        "max_swap_s": max(r["max_swap_s"] for r in reports),
+        "max_swap_s": longest_swap,
         "max_lock_wait_s": max(r["max_lock_wait_s"] for r in reports),
         "rollout_steps": len(during) + len(quiet),
         "errors": [e for r in reports for e in r["errors"]],
     }
 
 
+def blocked_s(step: tuple) -> float:
+    """A rollout step's time blocked on the push (see replica.StepClock): asleep + its swap."""
+    _, _, wall, cpu, runq, _, swap = step
+    return max(0.0, wall - cpu - runq) + swap
+
+
 def blocked_stats(samples: list[tuple]) -> dict:
-    """Per rollout step (see replica.StepClock): blocked on the push = asleep + its swap; runqueue wait apart."""
-    blocked = sorted(max(0.0, wall - cpu - runq) + swap for _, _, wall, cpu, runq, _, swap in samples) or [0.0]
+    blocked = sorted(blocked_s(st) for st in samples) or [0.0]
     return {
         "blocked_max": blocked[-1],
         "blocked_p99": blocked[min(len(blocked) - 1, int(0.99 * len(blocked)))],
@@ -315,7 +325,8 @@ def main(argv=None) -> int:
                           f"p99 {r['blocked_p99_s'] * 1e3:.2f} ms (quiet max {r['quiet_blocked_max_s'] * 1e3:.2f}), longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
                           f"runqueue wait max {r['runq_max_s'] * 1e3:.2f} ms (quiet {r['quiet_runq_max_s'] * 1e3:.2f}), "
                           f"wall to enter hold() max {r['entered_max_s'] * 1e3:.2f} ms (quiet {r['quiet_entered_max_s'] * 1e3:.2f}), "
-                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.3f} ms, steps {r['rollout_steps']})", flush=True)
+                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.3f} ms, steps {r['rollout_steps']}, "
+                          f"blocked longer than the longest swap: {r['over_swap']})", flush=True)
         naive_s = None
         if "naive" in methods:
             naive_s = run_naive(args, weights, n)
@@ -330,22 +341,23 @@ def main(argv=None) -> int:
                     **{key: max(r[key] for r in rs) for key in ("blocked_max_s", "blocked_p99_s", "quiet_blocked_max_s", "runq_max_s",
                                                                  "quiet_runq_max_s", "entered_max_s", "quiet_entered_max_s")},
                     "max_swap_s": max(r["max_swap_s"] for r in rs), "max_lock_wait_s": max(r["max_lock_wait_s"] for r in rs),
-                    "errors": [e for r in rs for e in r["errors"]],
+                    "over_swap": sum(r["over_swap"] for r in rs), "errors": [e for r in rs for e in r["errors"]],
                 })
             rows.append(row)
     header["load_after"] = load_average()
     nan = float("nan")
     print()
     print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms "
-          "| step blocked on the push ms: max / p99 (quiet max) | longest swap ms | runqueue wait max ms (during / quiet) | load |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "| step blocked on the push ms: max / p99 (quiet max) | longest swap ms | steps blocked > longest swap "
+          "| runqueue wait max ms (during / quiet) | load |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         ratios = r.get("ratios") or [nan]
         print(f"| {r['replicas']} | {r['copy']} | {median(r['wire_s']) if r['wire_s'] else nan:.2f} | {median(r['push_s']) if r.get('push_s') else nan:.2f} | "
               f"**{median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) | {r['naive_s'] if r['naive_s'] is not None else nan:.2f} | "
               f"{1e3 * r.get('stall_s', nan):.0f} | {1e3 * r.get('held_s', nan):.0f} | "
               f"{1e3 * r.get('blocked_max_s', nan):.2f} / {1e3 * r.get('blocked_p99_s', nan):.2f} ({1e3 * r.get('quiet_blocked_max_s', nan):.2f}) | "
-              f"{1e3 * r.get('max_swap_s', nan):.2f} | {1e3 * r.get('runq_max_s', nan):.1f} / {1e3 * r.get('quiet_runq_max_s', nan):.1f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
+              f"{1e3 * r.get('max_swap_s', nan):.2f} | {r.get('over_swap', nan)} | {1e3 * r.get('runq_max_s', nan):.1f} / {1e3 * r.get('quiet_runq_max_s', nan):.1f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
     print(f"load before {header['load_before']}, after {header['load_after']}")
     if args.json:
         with open(args.json, "w") as f:
