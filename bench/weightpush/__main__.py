@@ -251,7 +251,7 @@ def run_lockstep(args, model, n, copy) -> dict:
 
 def blocked_s(step: tuple) -> float:
     """A rollout step's time blocked on the push (see replica.StepClock): asleep + its swap."""
-    _, _, wall, cpu, runq, _, swap = step
+    _, _, wall, cpu, runq, _, swap, _, _ = step
     return max(0.0, wall - cpu - runq) + swap
 
 
@@ -263,6 +263,8 @@ def blocked_stats(samples: list[tuple]) -> dict:
         "runq_max": max((s[4] for s in samples), default=0.0),
         "entered_max": max((s[1] for s in samples), default=0.0),
         "step_max": max((s[2] for s in samples), default=0.0),
+        # the most blocked step: how often it slept, how many page faults it took
+        "worst_sleeps_faults": max(samples, key=blocked_s)[7:9] if samples else (0, 0),
     }
 
 
@@ -326,7 +328,8 @@ def main(argv=None) -> int:
                           f"runqueue wait max {r['runq_max_s'] * 1e3:.2f} ms (quiet {r['quiet_runq_max_s'] * 1e3:.2f}), "
                           f"wall to enter hold() max {r['entered_max_s'] * 1e3:.2f} ms (quiet {r['quiet_entered_max_s'] * 1e3:.2f}), "
                           f"longest lock wait {r['max_lock_wait_s'] * 1e3:.3f} ms, steps {r['rollout_steps']}, "
-                          f"blocked longer than the longest swap: {r['over_swap']})", flush=True)
+                          f"blocked longer than the longest swap: {r['over_swap']}, the most blocked one slept/faulted "
+                          f"{r['worst_sleeps_faults_s'][0]}/{r['worst_sleeps_faults_s'][1]} times)", flush=True)
         naive_s = None
         if "naive" in methods:
             naive_s = run_naive(args, weights, n)

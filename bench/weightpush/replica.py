@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import socket
 import struct
 import sys
@@ -20,16 +21,18 @@ class StepClock:
     """Where a rollout step's wall time went, on this thread: its own CPU, waiting for a core, asleep.
 
     Asleep (wall - CPU - runqueue wait) is the time the thread waited on something: the
-    replica's lock or the GIL (a step does no I/O). Runqueue wait (``run_delay`` in
+    replica's lock, the GIL, a page (a step does no I/O). Runqueue wait (``run_delay`` in
     ``/proc/thread-self/schedstat``) is CPU contention: the thread was ready and had no core.
+    The thread's voluntary context switches and page faults (``getrusage``) say which.
     """
 
     def __init__(self):
         self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # this thread's
 
-    def read(self) -> tuple[float, float, float]:
+    def read(self) -> tuple[float, float, float, int, int]:
         run_delay = int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
-        return time.perf_counter(), time.thread_time(), run_delay
+        use = resource.getrusage(resource.RUSAGE_THREAD)
+        return time.perf_counter(), time.thread_time(), run_delay, use.ru_nvcsw, use.ru_minflt + use.ru_majflt
 
 
 def rollout_step(tensors) -> float:
@@ -44,15 +47,17 @@ def lockstep(args) -> dict:
     replica.wait_for_version(1, timeout=600)
     print(json.dumps({"ready": True}), flush=True)
     clock = StepClock()
-    samples = []  # per step: wall clock at entry, then seconds: entering hold(), the step, its CPU, runqueue wait, lock wait, swap
+    # per step: wall clock at entry, then seconds: entering hold(), the step, its CPU, runqueue wait,
+    # lock wait, swap; then counts: voluntary context switches, page faults
+    samples = []
     while True:
         at = time.time()
-        t0, c0, q0 = clock.read()
+        t0, c0, q0, v0, f0 = clock.read()
         with replica.hold() as w:
             entered = time.perf_counter() - t0
             rollout_step(w.tensors.values())
-        t1, c1, q1 = clock.read()
-        samples.append((at, entered, t1 - t0, c1 - c0, q1 - q0, w.lock_wait_s, w.swap_s))
+        t1, c1, q1, v1, f1 = clock.read()
+        samples.append((at, entered, t1 - t0, c1 - c0, q1 - q0, w.lock_wait_s, w.swap_s, v1 - v0, f1 - f0))
         if w.version >= args.until:
             break
         time.sleep(0.002)  # a rollout step every few ms, between them the replica is idle

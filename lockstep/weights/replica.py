@@ -185,7 +185,9 @@ class WeightReplica:
                 self._errors.append(msg[1])
 
     def _allocate(self, layout: list, capacity: int, fd: int) -> None:
-        self._arena = Arena.attach(fd, capacity)
+        # Mapped with every page in this process's page table now: a step that touches a version
+        # just swapped in takes no page faults on it.
+        self._arena = Arena(capacity, fd=fd, populate=True)
         views = self._arena.own_storage_views(buffer_layout(layout))  # a saved tensor saves its own bytes only
         self._layout = layout
         self._keys = [k for k, _, _, _ in layout]
