@@ -22,7 +22,6 @@ Channel to the replica, frames (pickles, ``lockstep.capture.channel``):
 from __future__ import annotations
 
 import contextlib
-import queue
 import socket
 import sys
 import threading
@@ -69,7 +68,7 @@ class Receiver:
         self._active: list[int] | None = None  # the replica's running mapping
         self._offered: int | None = None  # a version offered and not yet applied or declined
         self._sock: socket.socket | None = None
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (socket, frame) for the leader
+        self._send_lock = threading.Lock()  # frames to the leader are written whole
         self._closed = False
 
     # -- the replica's side ---------------------------------------------------------------------
@@ -84,10 +83,11 @@ class Receiver:
                         self._active = mapping
                         if self._offered == version:
                             self._offered = None
-                        self._leader({"op": "applied", "version": version})
                     elif msg[0] == "declined" and self._offered == msg[1]:
                         self._offered = None
                     self._state.notify_all()
+                if msg[0] == "applied":
+                    self._leader({"op": "applied", "version": msg[1]})
         except (ChannelClosed, OSError):
             pass
         self._closed = True  # the replica is gone: so is this process
@@ -116,15 +116,11 @@ class Receiver:
     # -- the leader's side ----------------------------------------------------------------------
 
     def _leader(self, frame: dict) -> None:
-        sock = self._sock
-        if sock is not None:
-            self._outbox.put((sock, frame))
-
-    def _send_loop(self) -> None:
-        while True:
-            sock, frame = self._outbox.get()
-            with contextlib.suppress(OSError):  # a closed session: the control loop reconnects
-                send_frame(sock, frame)
+        with self._send_lock:
+            sock = self._sock
+            if sock is not None:
+                with contextlib.suppress(OSError):  # a closed session: the control loop reconnects
+                    send_frame(sock, frame)
 
     def _allocate(self, layout: list) -> None:
         if self._layout is not None:
@@ -182,10 +178,12 @@ class Receiver:
                     self._leader({"op": "resync"})
                     return
                 mapping.append(valid[0])
+            # To the leader first: a replica that exits on taking this version must not take the
+            # acknowledgement with it. The leader's next version waits for this lock in _begin.
+            self._leader({"op": "received", "version": rec.version})
             with self._state:
                 self._offered = rec.version
             self.channel.send(("offer", rec.version, mapping))
-        self._leader({"op": "received", "version": rec.version})
 
     def _receive_loop(self, link, stream: int, streams: int, sizes: list[int]) -> None:
         try:
@@ -224,8 +222,9 @@ class Receiver:
         sock = self._connect()
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_frame(sock, {"op": "hello", "replica": self.name, "token": self._token})
-        self._sock = sock  # from now on the outbox thread is its only writer
+        with self._send_lock:
+            send_frame(sock, {"op": "hello", "replica": self.name, "token": self._token})
+            self._sock = sock
         if self._closed:  # the replica went away while this connected
             return
         layout_frame = recv_frame(sock)
@@ -263,7 +262,8 @@ class Receiver:
                 if frame.get("op") == "refused":
                     raise PermissionError(str(frame.get("error")))
         finally:
-            self._sock = None
+            with self._send_lock:
+                self._sock = None
             with contextlib.suppress(OSError):
                 sock.close()
             for lk in links:
@@ -273,7 +273,6 @@ class Receiver:
 
     def run(self) -> None:
         threading.Thread(target=self._read_replica, name="replica", daemon=True).start()
-        threading.Thread(target=self._send_loop, name="outbox", daemon=True).start()
         while not self._closed:
             try:
                 self._session()
