@@ -250,9 +250,14 @@ def run_lockstep(args, model, n, copy) -> dict:
 
 
 def blocked_s(step: tuple) -> float:
-    """A rollout step's time blocked on the push (see replica.StepClock): asleep + its swap."""
-    _, _, wall, cpu, runq, _, swap, _, _ = step
-    return max(0.0, wall - cpu - runq) + swap
+    """A rollout step's time blocked on the push (see replica.StepClock): asleep + its swap.
+
+    Off its CPU and not in the runqueue counts as asleep only if the thread did go to sleep (a
+    voluntary context switch): without one it never waited on anything, and the gap is time the
+    VM's vCPU itself was not running (steal), which neither clock sees — contention, like the runqueue.
+    """
+    _, _, wall, cpu, runq, _, swap, sleeps, _ = step
+    return (max(0.0, wall - cpu - runq) if sleeps else 0.0) + swap
 
 
 def blocked_stats(samples: list[tuple]) -> dict:

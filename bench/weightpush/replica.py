@@ -23,7 +23,8 @@ class StepClock:
     Asleep (wall - CPU - runqueue wait) is the time the thread waited on something: the
     replica's lock, the GIL, a page (a step does no I/O). Runqueue wait (``run_delay`` in
     ``/proc/thread-self/schedstat``) is CPU contention: the thread was ready and had no core.
-    The thread's voluntary context switches and page faults (``getrusage``) say which.
+    The thread's voluntary context switches and page faults (``getrusage``) say which; with no
+    voluntary switch the thread waited on nothing (the rest is the vCPU's steal time).
     """
 
     def __init__(self):
