@@ -13,8 +13,11 @@ the wire phase just before it, and the table gives the median and the range of t
 - **wire**: a plain bulk copy, the model's bytes as one contiguous buffer sent to every replica
   at once (one stream each), into a preallocated buffer: the transport's floor.
 - **lockstep**: ``WeightPublisher.push`` of a full new version (no delta), from the call until
-  every replica has acknowledged it whole; replicas keep running rollout steps meanwhile and
-  report how long a step was ever blocked (``max_blocked``) against their longest swap.
+  every replica has acknowledged it whole; replicas keep running rollout steps meanwhile, and
+  each step's wall time is split (``replica.StepClock``) into its own CPU, waiting for a core
+  (runqueue: CPU contention) and asleep (on the replica's lock or the GIL). A step's time
+  *blocked on the push* is asleep + the swap it did; the table gives its max and p99 during
+  pushes against the longest swap. The wire's replicas run the same rollout steps.
   ``--copy shared`` (the default): ``WeightPublisher(model, share=True)`` and ``push(overlap=True)``:
   the model's tensors live in memory shared with the leader, which sends straight from them (no
   copy before the send; the arena copy for late joiners follows delivery); ``--copy pull``:
@@ -142,7 +145,8 @@ def run_wire(args, weights, n) -> float:
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in weights.values()])
     names = [f"wire{i}" for i in range(n)]
     links = Links(args.transport, n, names)
-    procs = [spawn("wire", args, links.port, name, ["--nbytes", str(flat.numel()), "--rounds", str(args.rounds)]) for name in names]
+    extra = ["--nbytes", str(flat.numel()), "--tensors", str(len(weights)), "--rounds", str(args.rounds)]
+    procs = [spawn("wire", args, links.port, name, extra) for name in names]
     links.accept()
     for p in procs:
         ready(p)
@@ -225,18 +229,47 @@ def run_lockstep(args, model, n, copy) -> dict:
             if p.poll() is None:
                 p.kill()
         pub.close()
-    during = [b for r in reports for at, b in r["samples"] if any(a <= at <= z for a, z in windows)]
-    quiet = [b for r in reports for at, b in r["samples"] if at < windows[0][0]]
+    def steps(inside: bool) -> list[tuple]:
+        return [st for r in reports for st in r["samples"] if any(a <= st[0] <= z for a, z in windows) == inside and (inside or st[0] < windows[0][0])]
+
+    during, quiet = steps(True), steps(False)
+    busy, calm = blocked_stats(during), blocked_stats(quiet)
+    longest_swap = max(r["max_swap_s"] for r in reports)
     return {
+        "over_swap": sum(1 for st in during if blocked_s(st) > longest_swap),  # the goal: none
         "push_s": min(times),
         "stall_s": min(stalls),  # best of the rounds, like push_s
         "held_s": min(helds),
-        "max_blocked_s": max(during, default=0.0),
-        "quiet_max_blocked_s": max(quiet, default=0.0),
-        "max_swap_s": max(r["max_swap_s"] for r in reports),
+        **{f"{key}_s": v for key, v in busy.items()},
+        **{f"quiet_{key}_s": v for key, v in calm.items()},
+        "max_swap_s": longest_swap,
         "max_lock_wait_s": max(r["max_lock_wait_s"] for r in reports),
-        "rollout_steps": sum(len(r["samples"]) for r in reports),
+        "rollout_steps": len(during) + len(quiet),
         "errors": [e for r in reports for e in r["errors"]],
+    }
+
+
+def blocked_s(step: tuple) -> float:
+    """A rollout step's time blocked on the push (see replica.StepClock): asleep + its swap.
+
+    Off its CPU and not in the runqueue counts as asleep only if the thread did go to sleep (a
+    voluntary context switch): without one it never waited on anything, and the gap is time the
+    VM's vCPU itself was not running (steal), which neither clock sees — contention, like the runqueue.
+    """
+    _, _, wall, cpu, runq, _, swap, sleeps, _ = step
+    return (max(0.0, wall - cpu - runq) if sleeps else 0.0) + swap
+
+
+def blocked_stats(samples: list[tuple]) -> dict:
+    blocked = sorted(blocked_s(st) for st in samples) or [0.0]
+    return {
+        "blocked_max": blocked[-1],
+        "blocked_p99": blocked[min(len(blocked) - 1, int(0.99 * len(blocked)))],
+        "runq_max": max((s[4] for s in samples), default=0.0),
+        "entered_max": max((s[1] for s in samples), default=0.0),
+        "step_max": max((s[2] for s in samples), default=0.0),
+        # the most blocked step: how often it slept, how many page faults it took
+        "worst_sleeps_faults": max(samples, key=blocked_s)[7:9] if samples else (0, 0),
     }
 
 
@@ -295,9 +328,13 @@ def main(argv=None) -> int:
                     r["ratio"] = r["push_s"] / wire_s if wire_s else float("nan")
                     pushes[copy].append(r)
                     print(f"  {n} replica(s), repeat {k + 1}: lockstep/{copy} {r['push_s']:.2f} s = {r['ratio']:.2f} x wire (stall {r['stall_s'] * 1e3:.0f} ms, "
-                          f"weights held {r['held_s'] * 1e3:.0f} ms, rollout step blocked at most {r['max_blocked_s'] * 1e3:.2f} ms during pushes, "
-                          f"{r['quiet_max_blocked_s'] * 1e3:.2f} ms when quiet, longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
-                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.2f} ms)", flush=True)
+                          f"weights held {r['held_s'] * 1e3:.0f} ms; rollout steps during pushes: blocked max {r['blocked_max_s'] * 1e3:.2f} ms, "
+                          f"p99 {r['blocked_p99_s'] * 1e3:.2f} ms (quiet max {r['quiet_blocked_max_s'] * 1e3:.2f}), longest swap {r['max_swap_s'] * 1e3:.2f} ms, "
+                          f"runqueue wait max {r['runq_max_s'] * 1e3:.2f} ms (quiet {r['quiet_runq_max_s'] * 1e3:.2f}), "
+                          f"wall to enter hold() max {r['entered_max_s'] * 1e3:.2f} ms (quiet {r['quiet_entered_max_s'] * 1e3:.2f}), "
+                          f"longest lock wait {r['max_lock_wait_s'] * 1e3:.3f} ms, steps {r['rollout_steps']}, "
+                          f"blocked longer than the longest swap: {r['over_swap']}, the most blocked one slept/faulted "
+                          f"{r['worst_sleeps_faults_s'][0]}/{r['worst_sleeps_faults_s'][1]} times)", flush=True)
         naive_s = None
         if "naive" in methods:
             naive_s = run_naive(args, weights, n)
@@ -309,23 +346,26 @@ def main(argv=None) -> int:
                 row.update({
                     "push_s": [r["push_s"] for r in rs], "ratios": [r["ratio"] for r in rs],
                     "stall_s": min(r["stall_s"] for r in rs), "held_s": median([r["held_s"] for r in rs]),
-                    "max_blocked_s": max(r["max_blocked_s"] for r in rs), "quiet_max_blocked_s": max(r["quiet_max_blocked_s"] for r in rs),
+                    **{key: max(r[key] for r in rs) for key in ("blocked_max_s", "blocked_p99_s", "quiet_blocked_max_s", "runq_max_s",
+                                                                 "quiet_runq_max_s", "entered_max_s", "quiet_entered_max_s")},
                     "max_swap_s": max(r["max_swap_s"] for r in rs), "max_lock_wait_s": max(r["max_lock_wait_s"] for r in rs),
-                    "errors": [e for r in rs for e in r["errors"]],
+                    "over_swap": sum(r["over_swap"] for r in rs), "errors": [e for r in rs for e in r["errors"]],
                 })
             rows.append(row)
     header["load_after"] = load_average()
     nan = float("nan")
     print()
-    print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms | rollout blocked max ms (during / quiet) | longest swap ms | load |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| replicas | copy | wire s (median) | lockstep s (median) | lockstep / wire: median (range) | naive s | push() stall ms | weights held ms "
+          "| step blocked on the push ms: max / p99 (quiet max) | longest swap ms | steps blocked > longest swap "
+          "| runqueue wait max ms (during / quiet) | load |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         ratios = r.get("ratios") or [nan]
         print(f"| {r['replicas']} | {r['copy']} | {median(r['wire_s']) if r['wire_s'] else nan:.2f} | {median(r['push_s']) if r.get('push_s') else nan:.2f} | "
               f"**{median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) | {r['naive_s'] if r['naive_s'] is not None else nan:.2f} | "
               f"{1e3 * r.get('stall_s', nan):.0f} | {1e3 * r.get('held_s', nan):.0f} | "
-              f"{1e3 * r.get('max_blocked_s', nan):.2f} / {1e3 * r.get('quiet_max_blocked_s', nan):.2f} | "
-              f"{1e3 * r.get('max_swap_s', nan):.2f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
+              f"{1e3 * r.get('blocked_max_s', nan):.2f} / {1e3 * r.get('blocked_p99_s', nan):.2f} ({1e3 * r.get('quiet_blocked_max_s', nan):.2f}) | "
+              f"{1e3 * r.get('max_swap_s', nan):.2f} | {r.get('over_swap', nan)} | {1e3 * r.get('runq_max_s', nan):.1f} / {1e3 * r.get('quiet_runq_max_s', nan):.1f} | {'–'.join(sorted(r['loads'], key=float)[::max(1, len(r['loads']) - 1)])} |")
     print(f"load before {header['load_before']}, after {header['load_after']}")
     if args.json:
         with open(args.json, "w") as f:

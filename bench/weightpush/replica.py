@@ -5,13 +5,40 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import resource
 import socket
 import struct
 import sys
+import threading
 import time
 from datetime import timedelta
 
 import torch
+
+
+class StepClock:
+    """Where a rollout step's wall time went, on this thread: its own CPU, waiting for a core, asleep.
+
+    Asleep (wall - CPU - runqueue wait) is the time the thread waited on something: the
+    replica's lock, the GIL, a page (a step does no I/O). Runqueue wait (``run_delay`` in
+    ``/proc/thread-self/schedstat``) is CPU contention: the thread was ready and had no core.
+    The thread's voluntary context switches and page faults (``getrusage``) say which; with no
+    voluntary switch the thread waited on nothing (the rest is the vCPU's steal time).
+    """
+
+    def __init__(self):
+        self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # this thread's
+
+    def read(self) -> tuple[float, float, float, int, int]:
+        run_delay = int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        use = resource.getrusage(resource.RUSAGE_THREAD)
+        return time.perf_counter(), time.thread_time(), run_delay, use.ru_nvcsw, use.ru_minflt + use.ru_majflt
+
+
+def rollout_step(tensors) -> float:
+    """A stand-in for a generation: reads a little of every tensor of the version it holds."""
+    return sum(float(t.reshape(-1)[:64].sum()) for t in tensors)
 
 
 def lockstep(args) -> dict:
@@ -20,15 +47,18 @@ def lockstep(args) -> dict:
     replica = WeightReplica((args.host, args.port), name=args.name)
     replica.wait_for_version(1, timeout=600)
     print(json.dumps({"ready": True}), flush=True)
-    samples = []  # (wall clock at entry, seconds blocked entering hold())
+    clock = StepClock()
+    # per step: wall clock at entry, then seconds: entering hold(), the step, its CPU, runqueue wait,
+    # lock wait, swap; then counts: voluntary context switches, page faults
+    samples = []
     while True:
         at = time.time()
-        entered = time.perf_counter()
+        t0, c0, q0, v0, f0 = clock.read()
         with replica.hold() as w:
-            blocked = time.perf_counter() - entered
-            # a "rollout step": reads a little of every tensor of the version it holds
-            _ = sum(float(t.reshape(-1)[:64].sum()) for t in w.tensors.values())
-        samples.append((at, blocked))
+            entered = time.perf_counter() - t0
+            rollout_step(w.tensors.values())
+        t1, c1, q1, v1, f1 = clock.read()
+        samples.append((at, entered, t1 - t0, c1 - c0, q1 - q0, w.lock_wait_s, w.swap_s, v1 - v0, f1 - f0))
         if w.version >= args.until:
             break
         time.sleep(0.002)  # a rollout step every few ms, between them the replica is idle
@@ -61,6 +91,18 @@ def _recv_exact(sock, view):
 def wire(args) -> dict:
     buf = torch.empty(args.nbytes, dtype=torch.uint8)
     link = _link(args)
+    # The same rollout steps as a lockstep replica runs, on the same number of tensors: both
+    # phases leave the transfer the same share of the cores.
+    views = list(buf.chunk(args.tensors))
+    stop = threading.Event()
+
+    def rollout() -> None:
+        while not stop.is_set():
+            rollout_step(views)
+            time.sleep(0.002)
+
+    steps = threading.Thread(target=rollout, daemon=True)
+    steps.start()
     print(json.dumps({"ready": True}), flush=True)
     for _ in range(args.rounds):
         if args.transport == "tcp":
@@ -69,6 +111,8 @@ def wire(args) -> dict:
         else:
             link.recv([buf], 0, 1).wait()
             link.send([torch.ones(1, dtype=torch.uint8)], 0, 2).wait()
+    stop.set()
+    steps.join()
     return {"received": args.nbytes}
 
 
@@ -105,6 +149,7 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--transport", default="tcp")
     p.add_argument("--nbytes", type=int, default=0)
+    p.add_argument("--tensors", type=int, default=1)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--until", type=int, default=3)
     args = p.parse_args()

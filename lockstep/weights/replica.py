@@ -1,16 +1,21 @@
 """The rollout side of a weight push: receive the next version beside the running one, then swap.
 
-Every tensor has two buffers. Receiver threads (one per stream) write an incoming version only
-into the buffers that the running version does not use; when every stream of a version is in,
-it becomes *pending*. The generation loop takes the weights through :meth:`WeightReplica.hold`:
-on entry, and only when no other generation holds them, a pending version is swapped in (one
-pointer per changed tensor, and ``param.data`` for a bound module); inside, the weights never
-change. So a generation runs on exactly one version, and a rollout step waits at most one swap.
+Every tensor has two buffers, in memory shared with this replica's receiver, a process of its
+own (``lockstep.weights.receiver``) that holds the connections to the publisher and writes an
+incoming version only into the buffers that the running version does not use. When every stream
+of a version is in, the receiver offers it and it becomes *pending*. The generation loop takes
+the weights through :meth:`WeightReplica.hold`: on entry, and only when no other generation holds
+them, a pending version is swapped in (one pointer per changed tensor, and ``param.data`` for a
+bound module); inside, the weights never change. So a generation runs on exactly one version.
 
-If a new version starts arriving while another is pending, the pending one is dropped (its
-buffers are about to be overwritten) and the replica keeps running the version it has until the
-new one is complete. If the publisher goes away, the replica keeps its version and reconnects;
-the leader then sends it everything again.
+A rollout step waits at most one swap, by construction: receiving runs in another process, so no
+receiving thread shares this process's GIL; ``hold()`` reads the receiver's offers itself (a
+non-blocking poll of its channel), and the only other thread here wakes only when a newer version
+starts arriving before the pending one was taken (it is then dropped: its buffers are about to
+be overwritten) and holds the lock for a few assignments.
+
+If the publisher goes away, the replica keeps its version and the receiver reconnects; the
+leader then sends it everything again.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import nn
 
-from lockstep.weights.links import PairGroupLink, TcpLink
-from lockstep.weights.protocol import ProtocolError, parse_layout, parse_segments, recv_frame, send_frame
+from lockstep.capture.arena import Arena
+from lockstep.capture.channel import Channel, ChannelClosed
+from lockstep.capture.engine import BackgroundProcess
+from lockstep.weights.receiver import buffer_layout
 
 
 @dataclass(frozen=True)
@@ -36,16 +44,9 @@ class Weights:
     """One version's tensors, stable for as long as it is held."""
 
     version: int
-    tensors: dict[str, torch.Tensor]
-
-
-class _Receiving:
-    def __init__(self, version: int, send: list[int], changed_at: list[int], dest: dict[int, int]):
-        self.version = version
-        self.send = send
-        self.changed_at = changed_at
-        self.dest = dest  # tensor -> buffer it is written into
-        self.streams_done: set[int] = set()
+    tensors: Mapping[str, torch.Tensor]
+    lock_wait_s: float = 0.0  # how long this hold() waited for the replica's lock
+    swap_s: float = 0.0  # the swap this hold() did on entry (0: none)
 
 
 class WeightReplica:
@@ -60,33 +61,41 @@ class WeightReplica:
     ):
         self.address = (address[0], int(address[1]))
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._token = token or ""
-        self._reconnect = reconnect
-        self._connect_timeout = connect_timeout_s
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # hold() and swaps; the retract thread keeps it for a few assignments
         self._keys: list[str] = []
         self._layout: list | None = None
+        self._arena: Arena | None = None
         self._buffers: list[list[torch.Tensor]] = []
-        self._raw: list[list[memoryview | None]] = []
-        self._buffer_version: list[list[int]] = []
         self._active: list[int] | None = None
         self._version: int | None = None
+        self._tensors: Mapping[str, torch.Tensor] = MappingProxyType({})
         self._pending: tuple[int, list[int]] | None = None
-        self._receiving: _Receiving | None = None
         self._holders = 0
         self._bound: list[tuple[int, torch.Tensor]] = []
-        self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
         self._closed = False
         self.swaps = 0
         self.last_swap_s = 0.0
         self.max_swap_s = 0.0
-        self.max_lock_wait_s = 0.0  # longest a hold() waited for a receiver thread's bookkeeping
-        self.errors: list[str] = []
-        self._thread = threading.Thread(target=self._control_loop, name=f"replica-{self.name}", daemon=True)
+        self.max_lock_wait_s = 0.0  # longest a hold() waited for the lock
+        self._errors: list[str] = []
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._proc = BackgroundProcess("lockstep.weights.receiver")
+        self._channel = self._proc.channel
+        init = {"address": list(self.address), "name": self.name, "token": token, "reconnect": reconnect, "connect_timeout_s": connect_timeout_s}
+        self._channel.send(("init", init), fds=[theirs.fileno()])
+        theirs.close()
+        self._retract = Channel(mine)
+        self._thread = threading.Thread(target=self._answer_retracts, name=f"replica-{self.name}-retract", daemon=True)
         self._thread.start()
 
     # -- what a rollout loop uses ----------------------------------------------------------------
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong so far (the receiver's reports, oldest first)."""
+        with self._cond:
+            self._drain()
+            return list(self._errors)
 
     @property
     def version(self) -> int | None:
@@ -96,27 +105,39 @@ class WeightReplica:
     def wait_for_version(self, at_least: int = 1, timeout: float | None = None) -> int:
         """Block until a version ``>= at_least`` is running or pending; returns it."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
+                self._drain()
                 newest = max(v for v in (self._version, self._pending[0] if self._pending else None, -1) if v is not None)
-                if newest >= at_least:
-                    return newest
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"replica {self.name}: no version >= {at_least} after {timeout} s ({self.errors[-1:]})")
-                self._cond.wait(left)
+            if newest >= at_least:
+                return newest
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"replica {self.name}: no version >= {at_least} after {timeout} s ({self._errors[-1:]})")
+            if self._closed:
+                raise ConnectionError(f"replica {self.name}: the receiver exited ({self._errors[-1:]})")
+            self._channel.poll(left)  # outside the lock: the retract thread may need it
 
     @contextlib.contextmanager
     def hold(self, timeout: float | None = None) -> Iterator[Weights]:
         """The weights of one version, unchanged until the block ends (swap to a newer one on entry)."""
-        self.wait_for_version(1, timeout)
-        asked = time.perf_counter()
-        with self._cond:
-            self.max_lock_wait_s = max(self.max_lock_wait_s, time.perf_counter() - asked)
-            if self._pending is not None and self._holders == 0:
-                self._swap()
-            self._holders += 1
-            weights = Weights(self._version, {k: self._buffers[i][self._active[i]] for i, k in enumerate(self._keys)})
+        while True:
+            if self._version is None:
+                self.wait_for_version(1, timeout)  # only before the first version
+            asked = time.perf_counter()
+            with self._cond:
+                lock_wait = time.perf_counter() - asked
+                self.max_lock_wait_s = max(self.max_lock_wait_s, lock_wait)
+                swap_s = 0.0
+                if self._holders == 0:
+                    self._drain()
+                    if self._pending is not None:
+                        swap_s = self._swap()
+                if self._version is None:
+                    continue  # the first version was superseded before it was taken: wait for the next
+                self._holders += 1
+                weights = Weights(self._version, self._tensors, lock_wait, swap_s)
+                break
         try:
             yield weights
         finally:
@@ -126,6 +147,7 @@ class WeightReplica:
     def bind(self, module: nn.Module) -> None:
         """Make ``module``'s parameters and buffers follow the running version (same names)."""
         with self._cond:
+            self._drain()
             if self._layout is None:
                 raise RuntimeError("no layout yet: call wait_for_version() first")
             index = {k: i for i, k in enumerate(self._keys)}
@@ -140,26 +162,52 @@ class WeightReplica:
 
     def close(self) -> None:
         self._closed = True
-        sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        self._proc.close(timeout=10)  # the receiver exits when its channel closes
+        self._retract.close()
         self._thread.join(timeout=10)
 
-    # -- swapping (under self._cond) -------------------------------------------------------------
+    # -- under self._cond ------------------------------------------------------------------------
 
-    def _swap(self) -> None:
+    def _drain(self) -> None:
+        """Take what the receiver has sent (never waits: a poll, then whole frames)."""
+        while not self._closed and self._channel.poll(0):
+            try:
+                msg, fds = self._channel.recv()
+            except (ChannelClosed, OSError) as exc:
+                self._closed = True
+                self._errors.append(f"the receiver exited: {exc!r} ({self._proc.exit_status(0)})")
+                return
+            if msg[0] == "offer":
+                self._pending = (msg[1], msg[2])
+            elif msg[0] == "layout":
+                self._allocate(msg[1], msg[2], fds[0])
+            elif msg[0] == "error":
+                self._errors.append(msg[1])
+
+    def _allocate(self, layout: list, capacity: int, fd: int) -> None:
+        # Mapped with every page in this process's page table now: a step that touches a version
+        # just swapped in takes no page faults on it.
+        self._arena = Arena(capacity, fd=fd, populate=True)
+        views = self._arena.own_storage_views(buffer_layout(layout))  # a saved tensor saves its own bytes only
+        self._layout = layout
+        self._keys = [k for k, _, _, _ in layout]
+        self._buffers = [views[2 * i : 2 * i + 2] for i in range(len(layout))]
+
+    def _swap(self) -> float:
         started = time.perf_counter()
         version, mapping = self._pending
         self._pending = None
         old = self._active
         self._active = mapping
         self._version = version
+        self._tensors = MappingProxyType({k: self._buffers[i][mapping[i]] for i, k in enumerate(self._keys)})
         self._rebind([i for i in range(len(mapping)) if old is None or old[i] != mapping[i]])
+        with contextlib.suppress(ChannelClosed, OSError):
+            self._channel.send(("applied", version, mapping))  # a few bytes on a local socket
         self.swaps += 1
         self.last_swap_s = time.perf_counter() - started
         self.max_swap_s = max(self.max_swap_s, self.last_swap_s)
-        self._send({"op": "applied", "version": version})
+        return self.last_swap_s
 
     def _rebind(self, changed) -> None:
         wanted = set(changed)
@@ -168,171 +216,19 @@ class WeightReplica:
                 if i in wanted:
                     t.data = self._buffers[i][self._active[i]]
 
-    # -- receiving -------------------------------------------------------------------------------
+    # -- the one thread -------------------------------------------------------------------------
 
-    def _send(self, frame: dict) -> None:
-        with self._send_lock:
-            sock = self._sock
-            if sock is None:
-                return
-            with contextlib.suppress(OSError):  # the control loop notices and reconnects
-                send_frame(sock, frame)
-
-    def _allocate(self, layout: list) -> None:
-        if self._layout is not None:
-            if [(k, d, s) for k, d, s, _ in layout] != [(k, d, s) for k, d, s, _ in self._layout]:
-                raise ProtocolError("the publisher's tensors differ from the ones this replica holds")
-            return
-        self._layout = layout
-        self._keys = [k for k, _, _, _ in layout]
-        for _, dtype, shape, nbytes in layout:
-            pair = [torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)]
-            self._buffers.append(pair)
-            self._raw.append([memoryview(b.reshape(-1).view(torch.uint8).numpy()) if nbytes else None for b in pair])
-            self._buffer_version.append([-1, -1])
-
-    def _begin(self, header: dict) -> _Receiving:
-        version = header.get("version")
-        if not isinstance(version, int):
-            raise ProtocolError("data header without a version")
-        with self._cond:
-            rec = self._receiving
-            if rec is not None and rec.version == version:
-                return rec
-            send, changed_at = header.get("send"), header.get("changed_at")
-            n = len(self._keys)
-            if not (isinstance(send, list) and isinstance(changed_at, list) and len(changed_at) == n):
-                raise ProtocolError("data header needs send and changed_at for every tensor")
-            if not all(isinstance(i, int) and 0 <= i < n for i in send) or not all(isinstance(v, int) for v in changed_at):
-                raise ProtocolError("data header: bad send or changed_at")
-            # The buffers written now may hold the pending version: it can no longer be swapped in.
-            self._pending = None
-            dest = {}
-            for i in send:
-                dest[i] = 0 if self._active is None else 1 - self._active[i]
-                self._buffer_version[i][dest[i]] = -1
-            rec = self._receiving = _Receiving(version, send, changed_at, dest)
-            return rec
-
-    def _finish(self, rec: _Receiving, stream: int, streams: int) -> None:
-        with self._cond:
-            if self._receiving is not rec:
-                return
-            rec.streams_done.add(stream)
-            if len(rec.streams_done) < streams:
-                return
-            for i in rec.send:
-                self._buffer_version[i][rec.dest[i]] = rec.version
-            mapping = []
-            for i, need in enumerate(rec.changed_at):
-                prefer = [self._active[i], 1 - self._active[i]] if self._active is not None else [0, 1]
-                valid = [b for b in prefer if self._buffer_version[i][b] >= need]
-                if not valid:
-                    self._receiving = None
-                    self.errors.append(f"version {rec.version}: no valid buffer for {self._keys[i]!r}")
-                    self._send({"op": "resync"})
-                    return
-                mapping.append(valid[0])
-            self._receiving = None
-            self._pending = (rec.version, mapping)
-            self._cond.notify_all()
-        self._send({"op": "received", "version": rec.version})
-
-    def _receive_loop(self, link, stream: int, streams: int, sizes: list[int]) -> None:
-        try:
-            while True:
-                header = link.recv_header()
-                rec = self._begin(header)
-                segments = parse_segments(header.get("segments"), sizes)
-                for t, _, _ in segments:
-                    if t not in rec.dest:
-                        raise ProtocolError(f"segment for tensor {t}, which this version does not send")
-                link.recv_segments([self._raw[t][rec.dest[t]][off : off + n] for t, off, n in segments])
-                self._finish(rec, stream, streams)
-        except (OSError, ConnectionError, ProtocolError, RuntimeError, ValueError) as exc:
-            if not self._closed:
-                self.errors.append(f"stream {stream}: {exc!r}")
-            sock = self._sock
-            if sock is not None:  # one broken stream: start over on a fresh connection
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            link.close()
-
-    def _connect(self) -> socket.socket:
-        deadline = time.monotonic() + self._connect_timeout
-        delay = 0.05
+    def _answer_retracts(self) -> None:
+        """A newer version arrives before the pending one was swapped in: drop it, say so."""
         while True:
             try:
-                return socket.create_connection(self.address, timeout=10)
-            except OSError as exc:
-                if time.monotonic() > deadline or self._closed:
-                    raise ConnectionError(f"cannot reach the publisher at {self.address}: {exc}") from exc
-                time.sleep(delay)  # back off while the publisher (re)starts
-                delay = min(delay * 2, 2.0)
-
-    def _session(self) -> None:
-        sock = self._connect()
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self._send_lock:
-            self._sock = sock
-        send_frame(sock, {"op": "hello", "replica": self.name, "token": self._token})
-        layout_frame = recv_frame(sock)
-        if layout_frame.get("op") == "refused":
-            raise PermissionError(f"publisher refused replica {self.name}: {layout_frame.get('error')}")
-        if layout_frame.get("op") != "layout":
-            raise ProtocolError(f"expected layout, got {layout_frame.get('op')!r}")
-        layout = parse_layout(layout_frame.get("tensors"))
-        streams, epoch = int(layout_frame["streams"]), int(layout_frame["epoch"])
-        with self._cond:
-            self._allocate(layout)
-            self._receiving = None
-        sizes = [nbytes for _, _, _, nbytes in layout]
-        links = []
-        if layout_frame["transport"] == "tcp":
-            # The leader listens on the host this replica reached it at; the frame names the ports.
-            port = int(layout_frame["data_port"])
-            for k in range(streams):
-                data = socket.create_connection((self.address[0], port), timeout=30)
-                data.settimeout(None)
-                send_frame(data, {"op": "data", "replica": self.name, "stream": k, "epoch": epoch, "token": self._token})
-                links.append(TcpLink(data))
-        else:
-            import torch.distributed as dist
-
-            store = dist.TCPStore(self.address[0], int(layout_frame["store_port"]), is_master=False)
-            prefix = f"lockstep-weights/{layout_frame['publisher']}/{self.name}/{epoch}"
-            links = [PairGroupLink(store, f"{prefix}/{k}", 1) for k in range(streams)]
-        threads = [threading.Thread(target=self._receive_loop, args=(lk, k, streams, sizes), daemon=True) for k, lk in enumerate(links)]
-        for t in threads:
-            t.start()
-        try:
-            while True:
-                frame = recv_frame(sock)  # the leader sends nothing after the layout today
-                if frame.get("op") == "refused":
-                    raise PermissionError(str(frame.get("error")))
-        finally:
-            with self._send_lock:
-                self._sock = None
-            with contextlib.suppress(OSError):
-                sock.close()
-            for lk in links:
-                lk.close()
-            for t in threads:
-                t.join(timeout=30)
-
-    def _control_loop(self) -> None:
-        while not self._closed:
-            try:
-                self._session()
-            except PermissionError as exc:
-                self.errors.append(str(exc))
-                return
-            except (OSError, ConnectionError, ProtocolError, ValueError, KeyError, RuntimeError) as exc:
-                if not self._closed:
-                    self.errors.append(repr(exc))
-            if not self._reconnect or self._closed:
+                msg, _ = self._retract.recv()
+            except (ChannelClosed, OSError):
                 return
             with self._cond:
-                self._cond.notify_all()
+                self._drain()  # its offer may still be in the channel
+                if self._pending is not None and self._pending[0] == msg[1]:
+                    self._pending = None
+                    with contextlib.suppress(ChannelClosed, OSError):
+                        self._channel.send(("declined", msg[1]))
+                # otherwise it was applied, and the receiver has (or will read) the "applied"
