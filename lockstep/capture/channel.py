@@ -78,3 +78,34 @@ class Channel:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def serve_background(serve) -> None:
+    """The body of a background process's ``main()`` (``engine.BackgroundProcess``) whose first
+    message is ``("init", config)``: ``serve(channel, config, fds)``, then exit without interpreter
+    teardown (torch's is slow), status 0 when it returned or the parent closed the channel.
+
+    One torch thread: the process shares the training job's cores.
+    """
+    import os
+    import sys
+    import traceback
+
+    import torch
+
+    torch.set_num_threads(1)
+    channel = Channel(socket.socket(fileno=int(sys.argv[1])))
+    status = 0
+    try:
+        msg, fds = channel.recv()
+        if msg[0] != "init":
+            raise ValueError(f"expected init, got {msg[0]!r}")
+        serve(channel, msg[1], fds)
+    except ChannelClosed:
+        pass
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

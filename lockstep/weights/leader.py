@@ -35,18 +35,15 @@ import contextlib
 import ctypes
 import hmac
 import itertools
-import os
 import queue
 import socket
-import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from lockstep.capture.arena import Arena
-from lockstep.capture.channel import Channel, ChannelClosed
+from lockstep.capture.channel import Channel, ChannelClosed, serve_background
 from lockstep.capture.pull import can_read, pull_from
 from lockstep.events import AgentEvents
 from lockstep.weights.links import PairGroupLink, TcpLink
@@ -512,22 +509,12 @@ class Leader:
 
 
 def main() -> None:
-    import torch
+    serve_background(_serve)
 
-    torch.set_num_threads(1)
-    channel = Channel(socket.socket(fileno=int(sys.argv[1])))
-    status = 0
-    try:
-        msg, fds = channel.recv()
-        if msg[0] != "init":
-            raise ProtocolError(f"expected init, got {msg[0]!r}")
-        init = msg[1]
-        arena = Arena.attach(fds[0], init["capacity"])
-        live = Arena.attach(fds[1], init["capacity"]) if init.get("live") else None
-        leader = Leader(channel, init, arena, live)
-        channel.send(("listening", {**leader.addresses(), "can_pull": can_read(init["probe"])}))
-        leader.run()
-    except BaseException:
-        traceback.print_exc()
-        status = 1
-    os._exit(status)
+
+def _serve(channel: Channel, init: dict, fds: list[int]) -> None:
+    arena = Arena.attach(fds[0], init["capacity"])
+    live = Arena.attach(fds[1], init["capacity"]) if init.get("live") else None
+    leader = Leader(channel, init, arena, live)
+    channel.send(("listening", {**leader.addresses(), "can_pull": can_read(init["probe"])}))
+    leader.run()

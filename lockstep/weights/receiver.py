@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import sys
 import threading
 import time
-import traceback
 
 from lockstep.capture.arena import Arena, Layout
-from lockstep.capture.channel import Channel, ChannelClosed
+from lockstep.capture.channel import Channel, ChannelClosed, serve_background
 from lockstep.weights.links import PairGroupLink, TcpLink
 from lockstep.weights.protocol import ProtocolError, parse_layout, parse_segments, recv_frame, send_frame
 
@@ -287,23 +285,4 @@ class Receiver:
 
 
 def main() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    channel = Channel(socket.socket(fileno=int(sys.argv[1])))
-    status = 0
-    try:
-        msg, fds = channel.recv()
-        if msg[0] != "init":
-            raise ProtocolError(f"expected init, got {msg[0]!r}")
-        Receiver(channel, Channel(socket.socket(fileno=fds[0])), msg[1]).run()
-    except ChannelClosed:
-        pass
-    except BaseException:
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    import os
-
-    os._exit(status)
+    serve_background(lambda channel, init, fds: Receiver(channel, Channel(socket.socket(fileno=fds[0])), init).run())
