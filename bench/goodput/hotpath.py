@@ -50,6 +50,8 @@ def worker(a):
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from bench.goodput.train import build_model
+
     rt = None
     if a.mode == "lockstep":
         from lockstep.runtime import context, patches
@@ -60,8 +62,7 @@ def worker(a):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
     w = a.width
-    model = nn.Sequential(nn.Linear(128, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Dropout(0.1),
-                          nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 16))
+    model = build_model(w)  # the benchmark job's own model
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     gen = torch.Generator()

@@ -20,6 +20,11 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+def build_model(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(128, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 16))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -33,8 +38,7 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(0)
     w = args.width
-    model = nn.Sequential(nn.Linear(128, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Dropout(0.1),
-                          nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 16))
+    model = build_model(w)
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     start = 0
