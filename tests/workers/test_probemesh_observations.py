@@ -121,3 +121,24 @@ def test_one_record_can_be_checked_alone_as_a_telemetry_validator_would():
     check_record(rec("a/nic0", [fwd("a/nic0", "b/nic0"), echo("b/nic0", "a/nic0")]))
     with pytest.raises(ProbeWindowError, match=r"^data.probes\[0\].lost: 101 is more than sent 100$"):
         check_record(rec("a/nic0", [fwd("a/nic0", "b/nic0", lost=101)]))
+
+
+def test_delays_are_rounded_exactly_as_pythons_round_to_three_decimals_for_any_value():
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from workers.probemesh.observations import _round3
+
+    finite = st.floats(min_value=0.0, max_value=1e9, allow_nan=False, allow_infinity=False)
+    # values already at three decimals (numpy's round gives them back) and arbitrary ones
+    three_decimals = st.integers(min_value=0, max_value=10**12).map(lambda k: k / 1000)
+    halves = st.integers(min_value=0, max_value=10**9).map(lambda k: k / 1000 + 0.0005)  # numpy's round differs
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.one_of(finite, three_decimals, halves), min_size=1, max_size=50))
+    def check(values):
+        got = _round3(np.array(values, dtype=np.float64)).tolist()
+        assert got == [round(v, 3) for v in values]
+
+    check()
