@@ -138,6 +138,15 @@ def test_a_record_longer_than_its_kind_allows_is_refused_by_name_and_nothing_sto
     assert not TelemetryBatch.objects.filter(seq=6).exists()
 
 
+def test_a_record_holding_null_or_text_beyond_ascii_is_stored_as_sent(fleet, monkeypatch):
+    monkeypatch.setattr(kinds.get(TEST_KIND), "validate", lambda data: data)
+    data = [{"x": None}, {"s": "µs – ok"}, {"x": [None, 1.5]}]
+    response = _post(fleet, {"seq": 7, "records": [{"kind": TEST_KIND, "ts": 1796403600, "data": d} for d in data]})
+    assert response.status_code == 202, response.json()
+    stored = TelemetryRecord.objects.filter(node=fleet.node, kind=TEST_KIND).order_by("id")
+    assert [r.data for r in stored] == data
+
+
 def test_a_body_that_is_not_json_is_refused(fleet):
     response = _post(fleet, None, raw=b"{not json")
     assert response.status_code == 400 and "not JSON" in response.json()["detail"]
