@@ -270,22 +270,29 @@ def _send_all(plugin: Plugin, comm, args) -> dict:
                 group += 1
         while queue and len(inflight) < MAX_REQUESTS:
             ptr, size, tag = queue[0]
+            own = None
+            if args.scribble:  # a buffer of its own, overwritten once test() says done
+                own = C.create_string_buffer(size or 1)
+                C.memmove(own, ptr, size)
+                ptr = C.addressof(own)
             req = C.c_void_p()
             args_ = [comm, C.c_void_p(ptr), size, tag, mh] + ([None] if plugin.version >= 10 else []) + [C.byref(req)]
             plugin.check(plugin.net.isend(*args_), "isend")
             if not req.value:
                 nulls += 1
                 break
-            inflight.append((req, size))
+            inflight.append((req, size, own))
             queue.pop(0)
         still = []
-        for req, size in inflight:
+        for req, size, own in inflight:
             plugin.check(plugin.net.test(req, C.byref(done_flag), size_out), "test")
             if done_flag.value:
                 if size_out[0] != size:
                     raise AssertionError(f"test reported {size_out[0]} bytes sent, not {size}")
+                if own is not None:  # NCCL reuses a buffer once its send is done: any later read is corrupt
+                    C.memset(own, 0xEE, size)
             else:
-                still.append((req, size))
+                still.append((req, size, own))
         inflight = still
         if stop_at is not None and not queue and not inflight:
             break
@@ -414,6 +421,8 @@ def main(argv=None) -> int:
     parser.add_argument("--until-stop", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--scribble", action="store_true",
+                        help="send: each message from its own buffer, overwritten as soon as test() says done")
     args = parser.parse_args(argv)
     plugin = Plugin(args.lib, args.abi)
     result = {"role": args.role, "abi": args.abi, "ok": False}

@@ -193,6 +193,7 @@ ncclResult_t ls_config_load(ncclDebugLogger_t log_function) {
     ls_cfg.chunk_bytes = (size_t)env_int("LOCKSTEP_NCCL_CHUNK_BYTES", 512 * 1024, 4096, 16 * 1024 * 1024);
     ls_cfg.retransmit_bytes = (size_t)env_int("LOCKSTEP_NCCL_RETRANSMIT_BYTES", 16 << 20, 0, 1 << 30);
     ls_cfg.eager_bytes = (size_t)env_int("LOCKSTEP_NCCL_EAGER_BYTES", 8 << 20, 0, 1 << 30);
+    ls_cfg.zerocopy_bytes = (size_t)env_int("LOCKSTEP_NCCL_ZEROCOPY_BYTES", 256 << 10, 0, 1 << 30);
     ls_cfg.giveup_ms = env_int("LOCKSTEP_NCCL_GIVEUP_MS", 15000, 100, 24 * 3600 * 1000);
     ls_cfg.connect_timeout_ms = env_int("LOCKSTEP_NCCL_CONNECT_TIMEOUT_MS", 1000, 50, 60000);
     ls_cfg.failback_min_ms = env_int("LOCKSTEP_NCCL_FAILBACK_MIN_MS", 100, 10, 600000);

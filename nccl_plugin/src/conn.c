@@ -492,6 +492,7 @@ static void on_data_end(ls_comm *c, ls_stream *s) {
     if (s->rx_discard) return;
     uint64_t k = h->msg;
     seq_received(c, h->a);
+    c->unacked_bytes += h->len;
     __typeof__(c->rmsgs[0]) *rm = &c->rmsgs[k % LS_MAX_MSGS];
     if (rm->msg1 != k + 1) {
         rm->msg1 = k + 1;
@@ -818,8 +819,11 @@ void ls_progress_pass(ls_comm *c, int which) {
         c->needs_acks = 0;
     }
     if (read_hot && which != LS_PASS_COLD) c->hot_read_us = now_us;
+    /* a receiver writes only on stream 0 of a path (ls_queue_on_path): a sender's own calls read
+     * no other stream (their failures show on the next write, or in the progress thread's reads) */
+    int streams = c->is_send && which == LS_PASS_HOT ? 1 : LS_MAX_STREAMS;
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p) && (read_hot || p != hot); s++) {
+        for (int s = 0; s < streams && !SKIP_PATH(p) && (read_hot || p != hot); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
@@ -842,13 +846,15 @@ void ls_progress_pass(ls_comm *c, int which) {
     if (!c->is_send) ls_ack(c, 0);
 }
 
-/* Cumulative acks, batched: at once after a duplicate, else every LS_ACK_CHUNKS chunks or
- * LS_ACK_US (the sender needs them only to free its retransmit ring), and whenever `flush`.
+/* Cumulative acks, batched: at once after a duplicate, else every LS_ACK_CHUNKS chunks,
+ * LS_ACK_BYTES or LS_ACK_US (they free the sender's ring and complete its zero-copy isends, so
+ * a large transfer is acknowledged while it streams), and whenever `flush`.
  * They go where data last arrived; heartbeats carry the same ack on every path. */
 void ls_ack(ls_comm *c, int flush) {
     uint64_t now = ls_now_us();
     if (!c->ack_now && ((c->cum == c->acked_sent && c->rmatched == c->rmatched_sent) ||
-                        (!flush && c->cum - c->acked_sent < LS_ACK_CHUNKS && now - c->acked_sent_us < LS_ACK_US)))
+                        (!flush && c->cum - c->acked_sent < LS_ACK_CHUNKS && c->unacked_bytes < LS_ACK_BYTES &&
+                         now - c->acked_sent_us < LS_ACK_US)))
         return;
     int p = c->ack_path;
     if (c->paths[p].state != LS_PATH_UP) p = 0;
@@ -858,6 +864,7 @@ void ls_ack(ls_comm *c, int flush) {
     c->acked_sent = c->cum;
     c->rmatched_sent = c->rmatched;
     c->acked_sent_us = now;
+    c->unacked_bytes = 0;
     c->ack_now = 0;
     if (c->paths[p].streams[0].fd >= 0 && stream_write(c, p, &c->paths[p].streams[0]) != 0)
         ls_path_dead(c, p, "socket closed or failed");

@@ -230,17 +230,20 @@ static uint64_t ring_place(const ls_comm *c, size_t size) {
     return start + size - tail <= cap ? start : UINT64_MAX;
 }
 
-/* A message that fits the retransmit ring is copied there and its request is done at once (the
- * ring keeps it until acknowledged, for a resend over a standby); a full ring or request table
- * is a NULL request, which NCCL retries. Only a message larger than the whole ring is sent from
- * the caller's buffer and completes on its acknowledgement. */
+/* A small message (below LOCKSTEP_NCCL_ZEROCOPY_BYTES) that fits the retransmit ring is copied
+ * there and its request is done at once (the ring keeps it until acknowledged, for a resend over
+ * a standby); a full ring or request table is a NULL request, which NCCL retries. A large one
+ * (or one larger than the ring) is sent from the caller's buffer, which the plugin references
+ * until the receiver acknowledged it: its request completes on that ack (NCCL does not touch a
+ * send buffer before test() says done), and a failover resends from that buffer. A copy there
+ * cost as much CPU as the kernel's own copy into the socket. */
 ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **request) {
     ls_comm *c = send_comm;
     *request = NULL;
     if (size > INT_MAX) return ncclInvalidArgument;
     pthread_mutex_lock(&c->lock);
     ncclResult_t rc = c->error;
-    int in_ring = ls_cfg.retransmit_bytes && size <= ls_cfg.retransmit_bytes;
+    int in_ring = ls_cfg.retransmit_bytes && size <= ls_cfg.retransmit_bytes && size < ls_cfg.zerocopy_bytes;
     if (in_ring && !c->ring && ls_cfg.retransmit_bytes && !(c->ring = malloc(ls_cfg.retransmit_bytes)))
         rc = ncclSystemError;
     uint64_t start = in_ring && rc == ncclSuccess ? ring_place(c, size) : 0;

@@ -44,6 +44,7 @@
 #define LS_RX_STAGE 32768  /* a stream's read buffer: many small frames per recv */
 #define LS_ACK_CHUNKS 32   /* the receiver acks at least every this many chunks ... */
 #define LS_ACK_US 200      /* ... or this often while chunks arrive */
+#define LS_ACK_BYTES (256u << 10) /* ... or every this many bytes: a zero-copy isend waits for its ack */
 #define LS_SENDER_READ_US 500 /* a sender's isends read its active path at least this often */
 
 /* ---- config.c ---- */
@@ -68,6 +69,7 @@ typedef struct {
     size_t chunk_bytes;
     size_t retransmit_bytes;
     size_t eager_bytes;
+    size_t zerocopy_bytes; /* isends of at least this many bytes go from NCCL's buffer, done on the ack */
     int giveup_ms;
     int connect_timeout_ms;
     int failback_min_ms;
@@ -317,6 +319,7 @@ typedef struct ls_comm {
     uint64_t cum;           /* every seq below was received */
     uint64_t acked_sent;
     uint64_t acked_sent_us;
+    uint64_t unacked_bytes; /* payload bytes stored since the last ack */
     int ack_path;           /* where data last arrived: acks go there */
     int ack_now;            /* a duplicate arrived: ack at once (its earlier ack may have been lost) */
     uint8_t seen_bits[LS_WINDOW / 8];
