@@ -183,6 +183,6 @@ out["files"] = sorted(os.listdir(first))
 results = [None] * world
 dist.all_gather_object(results, out)
 if rank == 0:
-    print(json.dumps(results))
+    print(json.dumps({"ranks": results}))
 dist.barrier()
 dist.destroy_process_group()

@@ -61,7 +61,7 @@ def test_deepspeed_checkpoint_engine_publishes_then_names_latest_and_loads_back(
 def test_megatron_save_strategy_writes_torch_dist_through_lockstep_and_loads_back(tmp_path):
     python = interpreter("megatron")
     torchrun = python.parent / "torchrun"
-    ranks = run([str(torchrun), "--nproc-per-node", "2", str(REPO / "tests/capture/adapters_megatron.py"), str(tmp_path)])
+    ranks = run([str(torchrun), "--nproc-per-node", "2", str(REPO / "tests/capture/adapters_megatron.py"), str(tmp_path)])["ranks"]
     for out in ranks:
         # async: returned with the writers frozen mid-write, not complete, not finalized until they went on
         assert out["complete_while_writing"] is False and out["finalized_while_writing"] == []
