@@ -51,7 +51,7 @@ demo: $(STAMP) host-packages agent-package native plugin
 	DEBUG=true LOCKSTEP_NODE_LOST_AFTER_S=20 LOCKSTEP_AGENT_HEARTBEAT_INTERVAL_S=5 LOCKSTEP_SWEEP_INTERVAL_S=5 \
 		$(BIN)/python manage.py demo
 
-# The checkpoint adapters' environments (var/adapters: TorchTitan, DeepSpeed beside torch 2.13.0
+# The checkpoint adapters' environments (var/adapters: TorchTitan, DeepSpeed, Megatron-Core beside torch 2.13.0
 # CPU): ~5.5 min on a fresh machine, then cached until requirements/adapters.txt or the script
 # changes. The whole suite builds them, so tests/capture/test_adapters.py runs instead of
 # skipping; a targeted run (PYTEST_ARGS set) does not wait for them.

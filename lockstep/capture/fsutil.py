@@ -8,6 +8,7 @@ after, so a crash at any point leaves the previous one intact (and at worst a hi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -69,6 +70,28 @@ def publish_dir(partial: str, path: str, *, overwrite: bool) -> None:
         fsync_dir(parent)
         shutil.rmtree(partial, ignore_errors=True)
     fsync_dir(parent)
+
+
+def publish_into(partial: str, path: str, *, markers: tuple[str, ...]) -> None:
+    """Move the files of the complete directory ``partial`` into the existing directory ``path``.
+
+    For a directory another program owns and writes files of its own to. Not one atomic step:
+    the ``markers`` (the files that say "complete") of an earlier publication are removed first,
+    the other files moved in and made durable, then the markers, in order, each made durable
+    before the next; a reader that looks for the markers never sees them beside missing data.
+    """
+    for name in markers:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
+    fsync_dir(path)
+    for name in sorted(set(os.listdir(partial)) - set(markers)):
+        os.rename(os.path.join(partial, name), os.path.join(path, name))
+    for name in markers:
+        fsync_dir(path)
+        os.rename(os.path.join(partial, name), os.path.join(path, name))
+    fsync_dir(path)
+    os.rmdir(partial)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def remove_stale_partials(path: str) -> list[str]:

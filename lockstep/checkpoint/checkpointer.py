@@ -118,44 +118,73 @@ class Checkpointer:
         """
         with self._lock:
             started = time.perf_counter()
-            path = os.path.abspath(os.fspath(path))
-            if not overwrite and os.path.exists(os.path.join(path, ".metadata")):
-                raise FileExistsError(f"a checkpoint already exists at {path} (pass overwrite=True to replace it)")
-            items, tensors, objects, mapping = _flatten(state_dict, self._object_cache)
-            rank, world = self._rank_world()
-            previous = self._last.capture if self._last is not None else None
-            busy = previous is not None and not previous.done()
-            if world == 1:
-                if busy and not block:
-                    raise CaptureInFlight(f"the save to {self._last.path} is still being written")
-                save_id, owners = uuid.uuid4().hex, None
-            else:
-                save_id, owners, any_busy = self._coordinate(items, previous, busy)
-                if any_busy and not block:
-                    raise CaptureInFlight("a rank's previous save is still being written; skipped on every rank")
-            if owners is not None:
-                mine = {it.fqn for it in items if owners[it.key] == rank}
-                tensors = {k: v for k, v in tensors.items() if k in mine}
-                objects = [(it, blob) for it, blob in objects if it.fqn in mine]
-            job = {
-                "path": path,
-                "partial": partial_path(path, save_id),
-                "rank": rank,
-                "world": world,
-                "save_id": save_id,
-                "step": step,
-                "overwrite": overwrite,
-                "deadline_s": self.deadline_s,
-                "checksums": self.checksums,
-                "job_name": self.job_name,
-                "tensors": [it for it in items if it.kind == TENSOR and it.fqn in tensors],
-                "objects": objects,
-                "mapping": mapping,
-            }
-            capture = self.engine.capture(tensors, _SINK, job, block=True, overlap=overlap)
-            handle = SaveHandle(path, save_id, step, time.perf_counter() - started, capture)
-            self._last = handle
-            return handle
+            flat = _flatten(state_dict, self._object_cache)
+            return self._save(flat, path, started, step=step, overwrite=overwrite, block=block, overlap=overlap)
+
+    def save_flat(
+        self,
+        flat: tuple[list[Item], dict[str, torch.Tensor], list[tuple[Item, bytes]], dict[str, tuple]],
+        path: str | os.PathLike,
+        *,
+        step: int | None = None,
+        overwrite: bool = False,
+        block: bool = True,
+        into: bool = False,
+    ) -> SaveHandle:
+        """:meth:`save` of a state its framework has already flattened into DCP items.
+
+        ``flat`` is ``(items, tensors, objects, mapping)`` as ``save`` builds it: one
+        :class:`~lockstep.checkpoint.format.Item` per tensor chunk (its tensor in ``tensors`` under
+        its ``slot``) or object (its ``torch.save`` bytes in ``objects``), and DCP's flatten mapping.
+        ``into=True``: ``path`` is an existing directory the framework owns and writes its own files
+        to (Megatron-Core's ``common.pt``, ``metadata.json``); the files are moved into it, DCP's
+        ``.metadata`` and then the manifest last, instead of the directory being renamed into place
+        (so the framework's own marker, written after the handle is done, says it is complete).
+        """
+        with self._lock:
+            started = time.perf_counter()
+            return self._save(flat, path, started, step=step, overwrite=overwrite or into, block=block, overlap=False, into=into)
+
+    def _save(self, flat, path, started: float, *, step, overwrite: bool, block: bool, overlap: bool, into: bool = False) -> SaveHandle:
+        path = os.path.abspath(os.fspath(path))
+        if not overwrite and os.path.exists(os.path.join(path, ".metadata")):
+            raise FileExistsError(f"a checkpoint already exists at {path} (pass overwrite=True to replace it)")
+        items, tensors, objects, mapping = flat
+        rank, world = self._rank_world()
+        previous = self._last.capture if self._last is not None else None
+        busy = previous is not None and not previous.done()
+        if world == 1:
+            if busy and not block:
+                raise CaptureInFlight(f"the save to {self._last.path} is still being written")
+            save_id, owners = uuid.uuid4().hex, None
+        else:
+            save_id, owners, any_busy = self._coordinate(items, previous, busy)
+            if any_busy and not block:
+                raise CaptureInFlight("a rank's previous save is still being written; skipped on every rank")
+        if owners is not None:
+            mine = {it.slot for it in items if owners[it.key] == rank}
+            tensors = {k: v for k, v in tensors.items() if k in mine}
+            objects = [(it, blob) for it, blob in objects if it.slot in mine]
+        job = {
+            "path": path,
+            "partial": partial_path(path, save_id),
+            "into": into,
+            "rank": rank,
+            "world": world,
+            "save_id": save_id,
+            "step": step,
+            "overwrite": overwrite,
+            "deadline_s": self.deadline_s,
+            "checksums": self.checksums,
+            "job_name": self.job_name,
+            "tensors": [it for it in items if it.kind == TENSOR and it.slot in tensors],
+            "objects": objects,
+            "mapping": mapping,
+        }
+        capture = self.engine.capture(tensors, _SINK, job, block=True, overlap=overlap)
+        handle = SaveHandle(path, save_id, step, time.perf_counter() - started, capture)
+        self._last = handle
+        return handle
 
     def wait(self, timeout: float | None = None) -> dict | None:
         """Wait for the last save; its result, or None if there was none."""
@@ -200,7 +229,7 @@ class Checkpointer:
         return save_id, self._owners, any(g[2] for g in gathered)
 
 
-def _object_bytes(fqn: str, value: Any, cache: dict | None) -> bytes:
+def object_bytes(fqn: str, value: Any, cache: dict | None) -> bytes:
     """``torch.save`` bytes of an object (what DCP stores for it), reused while it is unchanged."""
     key = None
     if cache is not None:
@@ -237,17 +266,19 @@ def _flatten(state_dict: Mapping[str, Any], object_cache: dict | None = None):
             if len(chunks) != 1:
                 raise TypeError(f"{fqn!r}: a DTensor with {len(chunks)} local chunks is not supported")
             local = check_tensor(fqn, value.to_local())
-            items.append(Item(fqn, TENSOR, local.nbytes, value.dtype, tuple(value.shape), tuple(chunks[0].offsets), tuple(chunks[0].sizes)))
-            tensors[fqn] = local
+            item = Item(fqn, TENSOR, local.nbytes, value.dtype, tuple(value.shape), tuple(chunks[0].offsets), tuple(chunks[0].sizes))
+            items.append(item)
+            tensors[item.slot] = local
         elif isinstance(value, ShardedTensor):
             raise TypeError(f"{fqn!r}: ShardedTensor is not supported; use DTensor (FSDP2, torch.distributed.tensor)")
         elif isinstance(value, torch.Tensor):
             value = check_tensor(fqn, value)
             shape = tuple(value.shape)
-            items.append(Item(fqn, TENSOR, value.nbytes, value.dtype, shape, (0,) * len(shape), shape))
-            tensors[fqn] = value
+            item = Item(fqn, TENSOR, value.nbytes, value.dtype, shape, (0,) * len(shape), shape)
+            items.append(item)
+            tensors[item.slot] = value
         else:
-            blob = _object_bytes(fqn, value, object_cache)
+            blob = object_bytes(fqn, value, object_cache)
             item = Item(fqn, BYTES, len(blob))
             items.append(item)
             objects.append((item, blob))

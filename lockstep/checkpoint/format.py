@@ -44,6 +44,11 @@ class Item:
     sizes: tuple[int, ...] = ()  # the chunk's own size
 
     @property
+    def slot(self) -> str:
+        """The name its tensor is staged under: one per chunk (a rank may hold several of a tensor)."""
+        return f"{self.fqn}@{','.join(map(str, self.offsets))}" if self.kind == TENSOR else self.fqn
+
+    @property
     def key(self) -> tuple[str, tuple[int, ...] | None]:
         """Two ranks holding items with the same key hold the same bytes (DCP's dedup key)."""
         return (self.fqn, self.offsets if self.kind == TENSOR else None)

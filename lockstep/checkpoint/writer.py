@@ -11,7 +11,9 @@ Order of a write (each step's fault point in brackets, see ``lockstep.capture.fa
 4. ``lockstep.json`` (the manifest: save id, step, sizes), then ``.metadata`` via a temporary
    name, fsynced, renamed [metadata] — DCP's marker of a complete checkpoint comes last;
 5. the partial directory is fsynced and renamed to the checkpoint's path, the parent fsynced
-   [publish]; leftovers of interrupted saves of the same path are removed.
+   [publish]; leftovers of interrupted saves of the same path are removed. With ``into`` (a
+   directory a framework owns, Megatron-Core's) the files are moved into the existing path
+   instead, ``.metadata`` and then the manifest last (``fsutil.publish_into``).
 
 A crash anywhere before 5 leaves only the hidden partial directory: the path shows the previous
 checkpoint or nothing.
@@ -26,7 +28,13 @@ import time
 
 import torch
 
-from lockstep.capture.fsutil import fsync_dir, publish_dir, remove_stale_partials, write_file_atomic
+from lockstep.capture.fsutil import (
+    fsync_dir,
+    publish_dir,
+    publish_into,
+    remove_stale_partials,
+    write_file_atomic,
+)
 from lockstep.checkpoint.format import Written, build_metadata
 
 MANIFEST = "lockstep.json"
@@ -58,7 +66,7 @@ def write(job: dict, tensors: dict[str, torch.Tensor], ctx) -> dict:
             written.append(Written(item, data_file, offset, len(blob)))
         for item in job["tensors"]:
             offset = f.tell()
-            torch.save(tensors[item.fqn], f)
+            torch.save(tensors[item.slot], f)
             length = f.tell() - offset
             written.append(Written(item, data_file, offset, length))
             data_bytes += item.nbytes
@@ -117,17 +125,17 @@ def _wait_for_parts(job: dict, ctx) -> list[tuple[list[Written], dict]]:
     return parts
 
 
+def published(path: str, save_id: str) -> bool:
+    """True once rank 0 has published save ``save_id`` at ``path`` (its manifest is there)."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            return json.load(f).get("save_id") == save_id
+    except (OSError, ValueError):
+        return False
+
+
 def _wait_for_publish(job: dict, ctx) -> None:
-    manifest = os.path.join(job["path"], MANIFEST)
-
-    def published() -> bool:
-        try:
-            with open(manifest) as f:
-                return json.load(f).get("save_id") == job["save_id"]
-        except (OSError, ValueError):
-            return False
-
-    _poll(job, ctx, published, "rank 0 to publish")
+    _poll(job, ctx, lambda: published(job["path"], job["save_id"]), "rank 0 to publish")
 
 
 def _finish(job: dict, written: list[Written], mapping: dict, ctx, started: float) -> None:
@@ -155,7 +163,10 @@ def _finish(job: dict, written: list[Written], mapping: dict, ctx, started: floa
     os.rename(tmp, os.path.join(partial, ".metadata"))
     fsync_dir(partial)
     ctx.fault("publish")
-    publish_dir(partial, path, overwrite=job["overwrite"])
+    if job.get("into"):
+        publish_into(partial, path, markers=(".metadata", MANIFEST))
+    else:
+        publish_dir(partial, path, overwrite=job["overwrite"])
     remove_stale_partials(path)
     ctx.events.emit(
         "job.checkpoint",

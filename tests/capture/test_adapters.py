@@ -1,6 +1,6 @@
 """The checkpoint adapters, each run inside an environment that has its framework installed.
 
-TorchTitan and DeepSpeed do not belong in the project's own .venv (see requirements/adapters.txt);
+TorchTitan, DeepSpeed and Megatron-Core do not belong in the project's own .venv (see requirements/adapters.txt);
 ``scripts/adapter-venvs.sh`` builds var/adapters/<name> with the pinned CPU torch, and these tests
 run the scenarios (tests/capture/adapters_*.py) with those interpreters.
 """
@@ -54,3 +54,23 @@ def test_deepspeed_checkpoint_engine_publishes_then_names_latest_and_loads_back(
     assert out["files_right_after"] == [] and out["latest_right_after"] is False  # save returned first
     assert out["files"] == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     assert out["latest"] == "step3" and out["loaded"] and out["same_model"] and out["global_steps"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # torchrun, two ranks importing Megatron-Core, three writer processes each
+def test_megatron_save_strategy_writes_torch_dist_through_lockstep_and_loads_back(tmp_path):
+    python = interpreter("megatron")
+    torchrun = python.parent / "torchrun"
+    ranks = run([str(torchrun), "--nproc-per-node", "2", str(REPO / "tests/capture/adapters_megatron.py"), str(tmp_path)])["ranks"]
+    for out in ranks:
+        # async: returned with the writers frozen mid-write, not complete, not finalized until they went on
+        assert out["complete_while_writing"] is False and out["finalized_while_writing"] == []
+        assert out["finalized"] == [0] and out["complete_after"] and out["sync_complete"]
+        # kill -9 mid-write: finalizing fails, no metadata.json, Megatron refuses it
+        assert out["crash_finalize"] == "CaptureFailed" and out["crash_complete"] is False
+        assert out["crash_load"] == "CheckpointingException"
+        # Megatron's own load, into models built with other weights: bitwise
+        assert out["same_first"] and out["same_second"] and out["differs"] and out["rng"]
+        assert (out["iteration_first"], out["iteration_second"]) == (1, 2)
+        assert out["dcp_slice"]  # torch.distributed.checkpoint.load reads it too
+        assert out["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "common.pt", "lockstep.json", "metadata.json"]

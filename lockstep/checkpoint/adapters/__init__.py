@@ -4,6 +4,6 @@ Each adapter imports its framework only when used; none is imported by ``lockste
 
 - :mod:`.torchtitan`: ``LockstepCheckpointManager`` for TorchTitan 0.3 (``CheckpointManager``)
 - :mod:`.deepspeed`: ``LockstepCheckpointEngine`` for DeepSpeed 0.19 (``checkpoint_engine``)
-
-Megatron-Core (``dist_checkpointing``'s async save) has no adapter yet.
+- :mod:`.megatron`: ``LockstepSaveStrategy`` for Megatron-Core 0.16 (``dist_checkpointing``'s
+  sharded save strategy, ``torch_dist`` format, sync and async)
 """
