@@ -724,7 +724,12 @@ static int stream_read(ls_comm *c, int path, ls_stream *s) {
         }
         drained = n > 0 && (size_t)n < want;
         if (n == 0) return -1;
-        if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+            s->rx_empty_us = ls_now_us();
+            return 0;
+        }
+        s->rx_empty_us = drained ? ls_now_us() : 0;
         c->paths[path].last_rx_ms = ls_now_ms();
         budget -= (size_t)n < budget ? (size_t)n : budget;
     }
@@ -803,29 +808,44 @@ static int hot_path(const ls_comm *c) { return c->is_send ? c->active : c->ack_p
  * acknowledge. NCCL's own calls (isend/irecv/test, `LS_PASS_HOT`) do it on the path data moves
  * on only, which saves a thread wake-up per message and the syscalls on idle standbys; the
  * progress thread does the rest (`LS_PASS_COLD` while NCCL keeps calling, else `LS_PASS_ALL`). */
+/* Whether this pass leaves a stream unread. The progress thread reads only what its poll said
+ * is readable (a stream it did not watch, or one just opened, it reads). NCCL's calls do not
+ * re-read a socket found empty within LS_EMPTY_RETRY_US: an isend or irecv needs nothing from
+ * it (the sender's LS_SENDER_READ_US timer excepted), and a spinning test() reads stream 0 each
+ * time (its latency) but the other streams, which carry data only while stream 0's socket is
+ * full, no more often than that. */
+static int skip_read(const ls_stream *st, int which, int s, uint64_t now_us, int timer_due) {
+    if (st->rx_stage_off < st->rx_stage_len) return 0; /* bytes read ahead, not parsed yet */
+    if (which == LS_PASS_ALL || which == LS_PASS_COLD) return st->thread_polled && !st->thread_ready;
+    if (!st->rx_empty_us || now_us - st->rx_empty_us >= LS_EMPTY_RETRY_US) return 0;
+    return which == LS_PASS_POST ? !timer_due : s > 0;
+}
+
 void ls_progress_pass(ls_comm *c, int which) {
     uint64_t now_us = ls_now_us();
-    if (which == LS_PASS_HOT) c->caller_pass_us = now_us;
+    int caller = which == LS_PASS_HOT || which == LS_PASS_POST;
+    if (caller) c->caller_pass_us = now_us;
     int hot = hot_path(c);
-#define SKIP_PATH(p) ((which == LS_PASS_HOT && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
+#define SKIP_PATH(p) ((caller && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
     /* A sender's isend reads its active path (acks and credits) only when it needs them: its
      * message cannot be cut yet, its ring or table is full (`needs_acks`), or the path was not
      * read for LS_SENDER_READ_US (liveness, ring space): a recv that mostly says EAGAIN per
      * message is the sender's largest per-message cost after its sendmsg. */
-    int read_hot = 1;
-    if (c->is_send && which == LS_PASS_HOT) {
+    int read_hot = 1, timer_due = now_us - c->hot_read_us >= LS_SENDER_READ_US;
+    if (c->is_send && caller) {
         make_chunks(c);
-        read_hot = c->needs_acks || c->next_chunk_msg < c->next_msg || now_us - c->hot_read_us >= LS_SENDER_READ_US;
+        read_hot = c->needs_acks || c->next_chunk_msg < c->next_msg || timer_due;
         c->needs_acks = 0;
     }
     if (read_hot && which != LS_PASS_COLD) c->hot_read_us = now_us;
     /* a receiver writes only on stream 0 of a path (ls_queue_on_path): a sender's own calls read
      * no other stream (their failures show on the next write, or in the progress thread's reads) */
-    int streams = c->is_send && which == LS_PASS_HOT ? 1 : LS_MAX_STREAMS;
+    int streams = c->is_send && caller ? 1 : LS_MAX_STREAMS;
     for (int p = 0; p < c->npaths && !c->error; p++)
         for (int s = 0; s < streams && !SKIP_PATH(p) && (read_hot || p != hot); s++) {
             ls_stream *st = &c->paths[p].streams[s];
-            if (st->fd >= 0 && (!c->is_send || st->hello_done) && stream_read(c, p, st) != 0) {
+            if (st->fd >= 0 && (!c->is_send || st->hello_done) && !skip_read(st, which, s, now_us, timer_due) &&
+                stream_read(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: read failed: %s", s, p, strerror(errno));
                 if (!c->error) ls_path_dead(c, p, "socket closed or failed");
                 break;
@@ -915,7 +935,9 @@ static void *progress(void *arg) {
             }
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
                 ls_stream *st = &c->paths[p].streams[s];
+                st->thread_polled = 0;
                 if (st->fd < 0 || (caller_driving && p == hot)) continue;
+                st->thread_polled = 1;
                 short ev = POLLIN;
                 if ((c->is_send && !st->hello_done) || st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len ||
                     (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
@@ -950,6 +972,12 @@ static void *progress(void *arg) {
                 accept_on(c, pfd[i].fd, now);
             } /* streams: the pass below reads and writes every one of them */
         }
+        for (int i = 0; i < n; i++) /* the pass reads only these (a stream the handlers above replaced has thread_polled 0) */
+            if (what[i].kind == W_STREAM) {
+                ls_stream *st = &c->paths[what[i].path].streams[what[i].stream];
+                if (st->fd == pfd[i].fd) st->thread_ready = (pfd[i].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) != 0;
+                else st->thread_polled = 0;
+            }
         if (any_pending) poll_pending(c, now);
         ls_progress_pass(c, caller_driving ? LS_PASS_COLD : LS_PASS_ALL);
         if (!c->is_send) ls_ack(c, 1); /* whatever a pass held back goes now */

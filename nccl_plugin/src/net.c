@@ -271,7 +271,7 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
     }
     /* the new message moves now; a NULL request's retry finds the acks read meanwhile */
     if (!r) c->needs_acks = 1;
-    if (rc == ncclSuccess) ls_progress_pass(c, LS_PASS_HOT);
+    if (rc == ncclSuccess) ls_progress_pass(c, LS_PASS_POST);
     if (c->thread_off_hot && !ls_sender_idle(c, c->active)) { /* data waits: the thread watches again */
         c->thread_off_hot = 0;
         ls_comm_wake(c);
@@ -308,7 +308,7 @@ ncclResult_t ls_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
         if (r->ntaken < r->n)
             for (int p = 0; p < c->npaths; p++) ls_queue_credit(c, p, r);
         *request = r;
-        ls_progress_pass(c, LS_PASS_HOT);
+        ls_progress_pass(c, LS_PASS_POST);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;

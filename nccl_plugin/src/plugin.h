@@ -46,6 +46,7 @@
 #define LS_ACK_US 200      /* ... or this often while chunks arrive */
 #define LS_ACK_BYTES (256u << 10) /* ... or every this many bytes: a zero-copy isend waits for its ack */
 #define LS_SENDER_READ_US 500 /* a sender's isends read its active path at least this often */
+#define LS_EMPTY_RETRY_US 20  /* NCCL's calls skip re-reading a socket found empty this recently (not test() on stream 0) */
 
 /* ---- config.c ---- */
 typedef struct {
@@ -234,6 +235,9 @@ typedef struct {
     char rx_small[sizeof(ls_hello_ack) + LS_MAX_RECVS * sizeof(ls_credit_slot)];
     char *rx_stage;         /* LS_RX_STAGE bytes read ahead, [rx_stage_off, rx_stage_len) not parsed yet */
     size_t rx_stage_off, rx_stage_len;
+    uint64_t rx_empty_us;   /* the last read found the socket empty (EAGAIN or short) then; 0: it had more */
+    int thread_polled;      /* the progress thread's last poll watched this fd for reading ... */
+    int thread_ready;       /* ... and it said readable (or error/hang-up) */
     /* tx: control frames at frame boundaries, data frames queued (one sendmsg writes several) */
     char tx_ctrl[65536];
     size_t tx_ctrl_len, tx_ctrl_off;
@@ -355,7 +359,7 @@ void ls_comm_free(ls_comm *c);     /* stops the thread, closes everything */
 void ls_comm_wake(ls_comm *c);
 void ls_msgs_free(ls_comm *c);     /* acknowledged messages give their ring space back */
 void ls_rmatch(ls_comm *c);        /* receiver: match known messages to posted receives, copy eager chunks */
-enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD };
+enum { LS_PASS_ALL, LS_PASS_HOT, LS_PASS_COLD, LS_PASS_POST }; /* POST: isend/irecv's HOT pass */
 void ls_progress_pass(ls_comm *c, int which); /* with the lock held */
 int ls_sender_idle(const ls_comm *c, int hot); /* nothing waits to be cut or written on path `hot` */
 void ls_ack(ls_comm *c, int flush); /* receiver: the cumulative ack, when due (or pending and `flush`) */
