@@ -824,7 +824,7 @@ static int skip_read(const ls_stream *st, int which, int s, uint64_t now_us, int
 void ls_progress_pass(ls_comm *c, int which) {
     uint64_t now_us = ls_now_us();
     int caller = which == LS_PASS_HOT || which == LS_PASS_POST;
-    if (caller) c->caller_pass_us = now_us;
+    if (caller) __atomic_store_n(&c->caller_pass_us, now_us, __ATOMIC_RELAXED); /* the thread reads it unlocked */
     int hot = hot_path(c);
 #define SKIP_PATH(p) ((caller && (p) != hot) || (which == LS_PASS_COLD && (p) == hot))
     /* A sender's isend reads its active path (acks and credits) only when it needs them: its
@@ -906,18 +906,40 @@ int ls_sender_idle(const ls_comm *c, int hot) {
 enum { W_WAKE, W_NETLINK, W_LISTEN, W_PENDING, W_STREAM };
 #define MAX_PFD (2 + LS_MAX_NICS + LS_MAX_NICS * LS_MAX_STREAMS * 2)
 
+/* The thread takes the lock back after its poll. While NCCL's calls drive the comm (one within
+ * LS_CALLER_HOT_US) it does not queue behind them — each such hand-off is a futex wait on one side
+ * and a wake on the other, per message — but only tries, and otherwise waits on its wake-up
+ * descriptor for 1 ms and looks again; it blocks on the lock at once for what only it handles
+ * (a wake-up, netlink, a listener or a pending stream said something) and once its tick (the
+ * heartbeats, the liveness check) is LS_THREAD_DEFER_MS late: detection is not delayed by more. */
+#define LS_THREAD_DEFER_MS 5
+static void thread_lock(ls_comm *c, const struct pollfd *pfd, int n, const int *kind) {
+    for (int i = 0; i < n; i++)
+        if (pfd[i].revents && kind[i] != W_STREAM) goto block;
+    for (uint64_t since = ls_now_ms();;) {
+        if (ls_now_us() - __atomic_load_n(&c->caller_pass_us, __ATOMIC_RELAXED) >= LS_CALLER_HOT_US) break;
+        if (ls_now_ms() - since >= LS_THREAD_DEFER_MS) break;
+        if (pthread_mutex_trylock(&c->lock) == 0) return;
+        struct pollfd w = {.fd = c->wake_fd, .events = POLLIN};
+        if (poll(&w, 1, 1) > 0) break;
+    }
+block:
+    pthread_mutex_lock(&c->lock);
+}
+
 static void *progress(void *arg) {
     ls_comm *c = arg;
     struct pollfd pfd[MAX_PFD];
-    struct { int kind, path, stream; } what[MAX_PFD];
+    struct { int path, stream; } what[MAX_PFD];
+    int kind[MAX_PFD];
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
         int n = 0;
         pfd[n] = (struct pollfd){.fd = c->wake_fd, .events = POLLIN};
-        what[n++].kind = W_WAKE;
+        kind[n++] = W_WAKE;
         if (c->netlink_fd >= 0) {
             pfd[n] = (struct pollfd){.fd = c->netlink_fd, .events = POLLIN};
-            what[n++].kind = W_NETLINK;
+            kind[n++] = W_NETLINK;
         }
         /* While NCCL keeps calling test() on receives it moves the data itself; the thread then
          * stays off that path (no lock hand-offs per message) and keeps time and the standbys.
@@ -925,12 +947,12 @@ static void *progress(void *arg) {
          * eager room, credits or socket space: the sender's thread leaves the active path to
          * NCCL's isends only while nothing waits there. */
         int hot = hot_path(c);
-        int caller_driving = ls_now_us() - c->caller_pass_us < 2000 && (!c->is_send || ls_sender_idle(c, hot));
+        int caller_driving = ls_now_us() - __atomic_load_n(&c->caller_pass_us, __ATOMIC_RELAXED) < 2000 && (!c->is_send || ls_sender_idle(c, hot));
         int any_pending = 0;
         for (int p = 0; p < c->npaths; p++) {
             if (c->paths[p].listen_fd >= 0) {
                 pfd[n] = (struct pollfd){.fd = c->paths[p].listen_fd, .events = POLLIN};
-                what[n].kind = W_LISTEN;
+                kind[n] = W_LISTEN;
                 what[n++].path = p;
             }
             for (int s = 0; s < LS_MAX_STREAMS; s++) {
@@ -943,7 +965,7 @@ static void *progress(void *arg) {
                     (c->is_send && p == c->active && c->seq_unsent < c->seq_next))
                     ev |= POLLOUT;
                 pfd[n] = (struct pollfd){.fd = st->fd, .events = ev};
-                what[n].kind = W_STREAM;
+                kind[n] = W_STREAM;
                 what[n].path = p;
                 what[n++].stream = s;
             }
@@ -951,29 +973,29 @@ static void *progress(void *arg) {
         for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++)
             if (c->pending_fds[i] >= 0 && n < MAX_PFD) {
                 pfd[n] = (struct pollfd){.fd = c->pending_fds[i], .events = POLLIN};
-                what[n++].kind = W_PENDING;
+                kind[n++] = W_PENDING;
                 any_pending = 1;
             }
         c->thread_off_hot = caller_driving;
         int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 20; /* the liveness check's granularity */
         pthread_mutex_unlock(&c->lock);
         poll(pfd, (nfds_t)n, timeout);
-        pthread_mutex_lock(&c->lock);
+        thread_lock(c, pfd, n, kind);
         uint64_t now = ls_now_ms();
         for (int i = 0; i < n && !c->stop; i++) {
             if (!pfd[i].revents) continue;
-            if (what[i].kind == W_WAKE) {
+            if (kind[i] == W_WAKE) {
                 uint64_t v;
                 ssize_t rc = read(c->wake_fd, &v, sizeof v);
                 (void)rc;
-            } else if (what[i].kind == W_NETLINK) {
+            } else if (kind[i] == W_NETLINK) {
                 ls_netlink_read(c);
-            } else if (what[i].kind == W_LISTEN) {
+            } else if (kind[i] == W_LISTEN) {
                 accept_on(c, pfd[i].fd, now);
             } /* streams: the pass below reads and writes every one of them */
         }
         for (int i = 0; i < n; i++) /* the pass reads only these (a stream the handlers above replaced has thread_polled 0) */
-            if (what[i].kind == W_STREAM) {
+            if (kind[i] == W_STREAM) {
                 ls_stream *st = &c->paths[what[i].path].streams[what[i].stream];
                 if (st->fd == pfd[i].fd) st->thread_ready = (pfd[i].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) != 0;
                 else st->thread_polled = 0;

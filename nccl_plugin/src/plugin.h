@@ -46,6 +46,7 @@
 #define LS_ACK_US 200      /* ... or this often while chunks arrive */
 #define LS_ACK_BYTES (256u << 10) /* ... or every this many bytes: a zero-copy isend waits for its ack */
 #define LS_SENDER_READ_US 500 /* a sender's isends read its active path at least this often */
+#define LS_CALLER_HOT_US 200  /* NCCL called this recently: the progress thread does not queue on the lock behind it */
 #define LS_EMPTY_RETRY_US 20  /* NCCL's calls skip re-reading a socket found empty this recently (not test() on stream 0) */
 
 /* ---- config.c ---- */
