@@ -116,10 +116,8 @@ class Checkpointer:
         tensors change only in optimizer steps (parameters, optimizer state; not BatchNorm
         running statistics, which the forward pass updates).
         """
-        with self._lock:
-            started = time.perf_counter()
-            flat = _flatten(state_dict, self._object_cache)
-            return self._save(flat, path, started, step=step, overwrite=overwrite, block=block, overlap=overlap)
+        return self._save(lambda: _flatten(state_dict, self._object_cache), path, step=step, overwrite=overwrite,
+                          block=block, overlap=overlap)
 
     def save_flat(
         self,
@@ -141,50 +139,52 @@ class Checkpointer:
         ``.metadata`` and then the manifest last, instead of the directory being renamed into place
         (so the framework's own marker, written after the handle is done, says it is complete).
         """
+        return self._save(lambda: flat, path, step=step, overwrite=overwrite or into, block=block, overlap=False,
+                          into=into)
+
+    def _save(self, flatten, path, *, step, overwrite: bool, block: bool, overlap: bool, into: bool = False) -> SaveHandle:
+        """One save, under the lock; ``flatten()`` gives its items (timed as part of the stall)."""
         with self._lock:
             started = time.perf_counter()
-            return self._save(flat, path, started, step=step, overwrite=overwrite or into, block=block, overlap=False, into=into)
-
-    def _save(self, flat, path, started: float, *, step, overwrite: bool, block: bool, overlap: bool, into: bool = False) -> SaveHandle:
-        path = os.path.abspath(os.fspath(path))
-        if not overwrite and os.path.exists(os.path.join(path, ".metadata")):
-            raise FileExistsError(f"a checkpoint already exists at {path} (pass overwrite=True to replace it)")
-        items, tensors, objects, mapping = flat
-        rank, world = self._rank_world()
-        previous = self._last.capture if self._last is not None else None
-        busy = previous is not None and not previous.done()
-        if world == 1:
-            if busy and not block:
-                raise CaptureInFlight(f"the save to {self._last.path} is still being written")
-            save_id, owners = uuid.uuid4().hex, None
-        else:
-            save_id, owners, any_busy = self._coordinate(items, previous, busy)
-            if any_busy and not block:
-                raise CaptureInFlight("a rank's previous save is still being written; skipped on every rank")
-        if owners is not None:
-            mine = {it.slot for it in items if owners[it.key] == rank}
-            tensors = {k: v for k, v in tensors.items() if k in mine}
-            objects = [(it, blob) for it, blob in objects if it.slot in mine]
-        job = {
-            "path": path,
-            "partial": partial_path(path, save_id),
-            "into": into,
-            "rank": rank,
-            "world": world,
-            "save_id": save_id,
-            "step": step,
-            "overwrite": overwrite,
-            "deadline_s": self.deadline_s,
-            "checksums": self.checksums,
-            "job_name": self.job_name,
-            "tensors": [it for it in items if it.kind == TENSOR and it.slot in tensors],
-            "objects": objects,
-            "mapping": mapping,
-        }
-        capture = self.engine.capture(tensors, _SINK, job, block=True, overlap=overlap)
-        handle = SaveHandle(path, save_id, step, time.perf_counter() - started, capture)
-        self._last = handle
-        return handle
+            path = os.path.abspath(os.fspath(path))
+            if not overwrite and os.path.exists(os.path.join(path, ".metadata")):
+                raise FileExistsError(f"a checkpoint already exists at {path} (pass overwrite=True to replace it)")
+            items, tensors, objects, mapping = flatten()
+            rank, world = self._rank_world()
+            previous = self._last.capture if self._last is not None else None
+            busy = previous is not None and not previous.done()
+            if world == 1:
+                if busy and not block:
+                    raise CaptureInFlight(f"the save to {self._last.path} is still being written")
+                save_id, owners = uuid.uuid4().hex, None
+            else:
+                save_id, owners, any_busy = self._coordinate(items, previous, busy)
+                if any_busy and not block:
+                    raise CaptureInFlight("a rank's previous save is still being written; skipped on every rank")
+            if owners is not None:
+                mine = {it.slot for it in items if owners[it.key] == rank}
+                tensors = {k: v for k, v in tensors.items() if k in mine}
+                objects = [(it, blob) for it, blob in objects if it.slot in mine]
+            job = {
+                "path": path,
+                "partial": partial_path(path, save_id),
+                "into": into,
+                "rank": rank,
+                "world": world,
+                "save_id": save_id,
+                "step": step,
+                "overwrite": overwrite,
+                "deadline_s": self.deadline_s,
+                "checksums": self.checksums,
+                "job_name": self.job_name,
+                "tensors": [it for it in items if it.kind == TENSOR and it.slot in tensors],
+                "objects": objects,
+                "mapping": mapping,
+            }
+            capture = self.engine.capture(tensors, _SINK, job, block=True, overlap=overlap)
+            handle = SaveHandle(path, save_id, step, time.perf_counter() - started, capture)
+            self._last = handle
+            return handle
 
     def wait(self, timeout: float | None = None) -> dict | None:
         """Wait for the last save; its result, or None if there was none."""
