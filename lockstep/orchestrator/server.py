@@ -433,7 +433,9 @@ class Orchestrator:
             return
         info.events[op] = msg
         if op == "holding":
-            info.holding_at = int(msg["boundary"])
+            info.holding_at = info.step = int(msg["boundary"])
+        if op == "hold_missed":  # fresher than the last heartbeat: the next boundary is chosen from it
+            info.step = max(info.step, int(msg.get("step", info.step)))
         if op == "report":
             info.report = msg
         if op in ("ff_progress", "resumed", "live"):

@@ -84,8 +84,10 @@ class Runtime:
         self.transfer_lock = threading.Lock()
         self._boundary_cv = threading.Condition()
         self._snapshots: dict[int, dict] = {}
+        # A hold order and the step it applies to change under ``_boundary_cv``: the main
+        # thread decides to hold and the controller answers an order against the same state,
+        # so an order can never be half-seen (a rank holding at a step no order names).
         self.hold_at: int | None = None
-        self._hold_event = threading.Event()
         self._exit_at_hold = False
         self.holding = False
         self._boundary_actions: list = []
@@ -349,8 +351,7 @@ class Runtime:
             actions, self._boundary_actions = self._boundary_actions, []
             for action in actions:
                 action()
-        if self.hold_at is not None and self.step_no >= self.hold_at:
-            self._hold()
+        self._hold_if_ordered()
         if self._fault:
             self.fault_point("post")
 
@@ -379,28 +380,44 @@ class Runtime:
 
     # -- orders ----------------------------------------------------------------------------
 
-    def request_hold(self, boundary: int, exit_after: bool = False):
-        self.hold_at = boundary
-        self._exit_at_hold = exit_after
-        self._hold_event.clear()
+    def request_hold(self, boundary: int, exit_after: bool = False) -> str:
+        """An order to hold at ``boundary``. Returns ``"missed"`` when this rank is past it (or
+        parked at another step), ``"holding"`` when it is parked there already, else
+        ``"ahead"`` (it will hold on reaching it; a rank parked at an earlier step runs on)."""
+        with self._boundary_cv:
+            if self.step_no > boundary or (self.step_no == boundary and not self.holding):
+                return "missed"
+            self.hold_at = boundary
+            self._exit_at_hold = exit_after
+            self._boundary_cv.notify_all()
+            return "holding" if self.holding and self.step_no == boundary else "ahead"
 
     def release_hold(self):
-        self.hold_at = None
-        self._hold_event.set()
+        with self._boundary_cv:
+            self.hold_at = None
+            self._exit_at_hold = False
+            self._boundary_cv.notify_all()
 
     def at_next_boundary(self, action):
         self._boundary_actions.append(action)
 
-    def _hold(self):
-        boundary = self.step_no
-        self.holding = True
+    def _must_hold(self) -> bool:
+        return self.hold_at is not None and self.step_no >= self.hold_at
+
+    def _hold_if_ordered(self):
+        with self._boundary_cv:
+            if not self._must_hold():
+                return
+            self.holding = True
+            boundary = self.step_no
         if self.controller:
             self.controller.send({"op": "holding", "boundary": boundary})
-        while not self._hold_event.wait(0.5):
-            if self._exit_at_hold:
-                break
-        self.holding = False
-        if self._exit_at_hold:
+        with self._boundary_cv:
+            while self._must_hold() and not self._exit_at_hold:
+                self._boundary_cv.wait()
+            leave = self._must_hold() and self._exit_at_hold
+            self.holding = False
+        if leave:
             self.say(f"migrated away at step {boundary}; exiting")
             sys.stdout.flush()
             sys.stderr.flush()

@@ -133,9 +133,12 @@ class Controller:
         elif op == "rebuild":
             threading.Thread(target=self._rebuild, args=(msg,), daemon=True).start()
         elif op == "hold":
-            rt.request_hold(int(msg["boundary"]), bool(msg.get("exit", False)))
-            if rt.step_no >= int(msg["boundary"]) and not rt.holding:
-                self.send({"op": "hold_missed", "step": rt.step_no, "boundary": msg["boundary"]})
+            boundary = int(msg["boundary"])
+            answer = rt.request_hold(boundary, bool(msg.get("exit", False)))
+            if answer == "missed":
+                self.send({"op": "hold_missed", "step": rt.step_no, "boundary": boundary})
+            elif answer == "holding":  # parked there from an earlier order: say so again
+                self.send({"op": "holding", "boundary": boundary})
         elif op == "release":
             rt.release_hold()
         elif op == "plan":
