@@ -18,7 +18,8 @@ Throughput/latency (--no-faults for only these): bench/nccl_failover/tput.c, the
 streams, its default, and 1 stream) against plain TCP over one stream on nh0 between the same
 namespaces, 4 KiB to 4 MiB (bandwidth with 32 outstanding, ping-pong latency), taking turns run
 by run. --compare-lib PATH adds another build of the plugin (an earlier commit's, say) as one
-more transport taking its turn: an A/B in the same minutes.
+more transport taking its turn: an A/B in the same minutes. --sizes / --modes narrow the table;
+--syscalls SIZE counts the syscalls per message of each side instead (strace -c).
 """
 
 from __future__ import annotations
@@ -225,15 +226,21 @@ TRANSPORTS = {"plugin": ("plugin", {}, LIB), "plugin_1stream": ("plugin", {"LOCK
               "tcp": ("tcp", {}, None)}
 
 
-def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str) -> tuple[float | None, str]:
+def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str,
+               strace: dict[str, Path] | None = None) -> tuple[float | None, str]:
+    """One tput run; ``strace`` (side -> file) runs each side under ``strace -c -f -o FILE``."""
     kind, extra, lib = TRANSPORTS[transport]
     env = dict(os.environ, LOCKSTEP_NCCL_NICS="nh0,nh1", LOCKSTEP_AGENT_SOCKET="none", **extra)
     d = tempfile.mkdtemp(prefix="lsnccl-tput")
     args = [str(lib), d] if kind == "plugin" else [pair.address("b", "nh0"), "6001"]
-    far = pair.popen("b", [str(TPUT), kind, *args, "b", str(size), str(iters), mode], env=env,
+
+    def wrap(side):
+        return ["strace", "-c", "-f", "-o", str(strace[side])] if strace else []
+
+    far = pair.popen("b", [*wrap("b"), str(TPUT), kind, *args, "b", str(size), str(iters), mode], env=env,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], str(TPUT), kind, *args, "a", str(size), str(iters),
-                           mode], env=env, capture_output=True, text=True, timeout=300)
+    near = subprocess.run(["ip", "netns", "exec", pair.ns["a"], *wrap("a"), str(TPUT), kind, *args, "a", str(size),
+                           str(iters), mode], env=env, capture_output=True, text=True, timeout=600)
     try:
         far.wait(60)
     except subprocess.TimeoutExpired:
@@ -246,13 +253,17 @@ def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str)
     return out["MBps"] if mode == "bw" else out["one_way_us"], ""
 
 
-def tput(pair: NcclPair, repeats: int) -> list[dict]:
+def _iters(size: int) -> dict[str, int]:
+    return {"bw": max(200, (256 << 20) // size) if size >= 65536 else 20000, "lat": 1000 if size <= 65536 else 200}
+
+
+def tput(pair: NcclPair, repeats: int, sizes: list[int], modes: list[str]) -> list[dict]:
     """Median of `repeats` runs per cell; the transports take turns run by run, so a change in
     the machine's load hits them alike."""
     rows = []
-    for size in SIZES:
-        iters = {"bw": max(200, (256 << 20) // size) if size >= 65536 else 20000, "lat": 1000 if size <= 65536 else 200}
-        for mode in ("bw", "lat"):
+    for size in sizes:
+        iters = _iters(size)
+        for mode in modes:
             row: dict = {"size": size, "mode": mode, "load1": os.getloadavg()[0]}
             vals: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
             for _ in range(repeats):
@@ -274,6 +285,46 @@ def tput(pair: NcclPair, repeats: int) -> list[dict]:
     return rows
 
 
+def parse_strace_c(text: str) -> dict[str, dict[str, int]]:
+    """``strace -c`` summary -> {syscall: {"calls", "errors"}} (the total line left out)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or not parts[-1].isidentifier() or parts[-1] == "total" or not parts[3].isdigit():
+            continue
+        errors = int(parts[4]) if len(parts) == 6 else 0
+        out[parts[-1]] = {"calls": int(parts[3]), "errors": errors}
+    return out
+
+
+def syscalls(pair: NcclPair, size: int, repeats: int) -> list[dict]:
+    """Syscalls per message on each side of a bw run (sender a, receiver b), every transport,
+    warm-up and set-up included; strace slows each side several times, so the time-gated parts
+    (the progress thread's timers, a caller's empty re-reads) read as upper bounds."""
+    iters = _iters(size)["bw"]
+    messages = iters + max(iters // 10, (32 << 20) // max(size, 1))  # tput.c's warmup_iters()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lsnccl-strace") as d:
+        for turn in range(repeats):
+            for transport in TRANSPORTS:
+                files = {side: Path(d) / f"{transport}.{turn}.{side}" for side in ("a", "b")}
+                _, err = _tput_once(pair, transport, size, iters, "bw", strace=files)
+                row: dict = {"transport": transport, "size": size, "messages": messages, "turn": turn,
+                             "load1": os.getloadavg()[0]}
+                for side, role in (("a", "sender"), ("b", "receiver")):
+                    counts = parse_strace_c(files[side].read_text()) if files[side].exists() else {}
+                    row[role] = {"per_message": round(sum(c["calls"] for c in counts.values()) / messages, 3),
+                                 "by_call": {k: round(c["calls"] / messages, 3) for k, c in sorted(counts.items())
+                                             if c["calls"] / messages >= 0.005},
+                                 "errors_per_message": round(sum(c["errors"] for c in counts.values()) / messages, 3)}
+                if err:
+                    row["error"] = err
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("transport", "turn")} |
+                                 {r: row[r]["per_message"] for r in ("sender", "receiver")}), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--faults", type=int, default=100)
@@ -283,7 +334,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per throughput cell (median)")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     parser.add_argument("--compare-lib", help="another libnccl-net-lockstep.so, measured as transport plugin_compare")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="throughput message sizes in bytes")
+    parser.add_argument("--modes", default="bw,lat", help="throughput modes: bw (bandwidth), lat (latency)")
+    parser.add_argument("--syscalls", type=int, metavar="SIZE",
+                        help="instead of the throughput table: syscalls per SIZE-byte message on each side "
+                             "(strace -c), --repeats turns of every transport")
     args = parser.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    if set(modes) - {"bw", "lat"}:
+        parser.error(f"--modes: {args.modes!r}: each must be bw or lat")
     if args.compare_lib:
         TRANSPORTS["plugin_compare"] = ("plugin", {}, Path(args.compare_lib).resolve())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # killed: still tear the namespaces down
@@ -296,8 +356,10 @@ def main() -> int:
                "cpus": os.cpu_count(), "load1_at_start": os.getloadavg()[0], "kernel": platform.release()}
         if not args.no_faults:
             out["failover"] = faults(pair, args.faults, args.kinds.split(","))
-        if not args.no_throughput:
-            out["throughput"] = tput(pair, args.repeats)
+        if args.syscalls is not None:
+            out["syscalls"] = syscalls(pair, args.syscalls, args.repeats)
+        elif not args.no_throughput:
+            out["throughput"] = tput(pair, args.repeats, sizes, modes)
         out["load1_at_end"] = os.getloadavg()[0]
     finally:
         pair.destroy()
