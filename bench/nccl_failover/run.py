@@ -338,7 +338,7 @@ def main() -> int:
     parser.add_argument("--modes", default="bw,lat", help="throughput modes: bw (bandwidth), lat (latency)")
     parser.add_argument("--syscalls", type=int, metavar="SIZE",
                         help="instead of the throughput table: syscalls per SIZE-byte message on each side "
-                             "(strace -c), --repeats turns of every transport")
+                             "(strace -c), --repeats turns of every transport; no fault run")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -354,7 +354,7 @@ def main() -> int:
     try:
         out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.node(),
                "cpus": os.cpu_count(), "load1_at_start": os.getloadavg()[0], "kernel": platform.release()}
-        if not args.no_faults:
+        if not args.no_faults and args.syscalls is None:
             out["failover"] = faults(pair, args.faults, args.kinds.split(","))
         if args.syscalls is not None:
             out["syscalls"] = syscalls(pair, args.syscalls, args.repeats)
