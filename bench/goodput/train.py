@@ -11,6 +11,7 @@ Usage: torchrun --nproc-per-node 4 train.py OUT --steps N [--width W] [--ckpt-di
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -77,6 +78,13 @@ def main():
         print(f"DONE {time.time():.6f}", flush=True)
         torch.save(model.state_dict(), args.out)
     dist.destroy_process_group()
+    # torch 2.13 + gloo can deadlock as main() returns: the main thread, holding the GIL, frees
+    # DDP's reducer and so joins gloo's worker thread, which waits for the GIL to free its last
+    # work (py-spy --native of a stuck rank, 2026-12-02; it stalled the plain runs). Training
+    # is over and the output written: leave without the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
