@@ -340,7 +340,12 @@ def main() -> int:
                         help="instead of the throughput table: syscalls per SIZE-byte message on each side "
                              "(strace -c), --repeats turns of every transport; no fault run")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: {args.sizes!r}: a comma list of byte counts")
+    if any(n < 0 for n in sizes) or (args.syscalls is not None and args.syscalls < 0):
+        parser.error("--sizes / --syscalls: a message size cannot be negative")
     modes = args.modes.split(",")
     if set(modes) - {"bw", "lat"}:
         parser.error(f"--modes: {args.modes!r}: each must be bw or lat")

@@ -138,3 +138,19 @@ def test_an_exit_order_at_the_parked_boundary_ends_the_rank_there(rank, monkeypa
     ctl._dispatch({"op": "hold", "boundary": 3, "exit": True})
     trainer.thread.join(10)
     assert exited == [(0, 3)] and not trainer.done.is_set()
+
+
+def test_the_orchestrator_chooses_the_next_boundary_past_where_holding_and_missed_ranks_said_they_are(
+        tmp_path, monkeypatch):
+    from lockstep.orchestrator import core
+    from lockstep.orchestrator.server import Orchestrator
+
+    monkeypatch.setenv("LOCKSTEP_STATE_DIR", str(tmp_path))
+    orch = Orchestrator(job="holds", token="t", world_size=2, nnodes=1, scheduler_name="local",
+                        host="127.0.0.1", port=0, resume=False)
+    parked, ran_on = orch.ranks[0], orch.ranks[1]
+    parked.step = ran_on.step = 40  # the last heartbeats
+    orch._from_rank(parked, None, {"op": "holding", "boundary": 50})
+    orch._from_rank(ran_on, None, {"op": "hold_missed", "step": 57, "boundary": 50})
+    assert (parked.holding_at, parked.step, ran_on.step) == (50, 50, 57)
+    assert core.hold_boundary([r.step for r in orch.ranks.values()], 0.01, lead_s=1.5) > 57
