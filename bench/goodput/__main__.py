@@ -21,11 +21,13 @@ One command: ``python -m bench.goodput`` (``--help`` for the knobs); results go 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -60,8 +62,10 @@ class Run:
         self.marker = uuid.uuid4().hex
         self.env = dict(os.environ, BENCH_RUN=self.marker, PYTHONUNBUFFERED="1", **(env or {}))
         self.t_start = time.time()
+        # A session of its own, so a stalled job can be killed with every process it started.
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT)
+                                     text=True, cwd=ROOT, start_new_session=True)
+        self.stalled: dict | None = None
         self.steps: list[tuple[int, float]] = []
         self.ckpts: list[float] = []
         self.done_at: float | None = None
@@ -84,8 +88,9 @@ class Run:
         end = next((t for n, t in self.steps if n >= steps), None) or self.done_at or time.time()
         return end - self.steps[0][1]
 
-    def workers(self) -> list[int]:
-        pids = []
+    def marked(self) -> list[tuple[int, bytes, bytes]]:
+        """(pid, environ, cmdline) of every live process started under this run's marker."""
+        found = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -94,10 +99,13 @@ class Run:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if f"BENCH_RUN={self.marker}".encode() in env and b"\0RANK=" in b"\0" + env and b"/train" in cmd \
-                    and b"lockstep.runtime.spare" not in cmd:
-                pids.append(int(pid))
-        return pids
+            if f"BENCH_RUN={self.marker}".encode() in env:
+                found.append((int(pid), env, cmd))
+        return found
+
+    def workers(self) -> list[int]:
+        return [pid for pid, env, cmd in self.marked()
+                if b"\0RANK=" in b"\0" + env and b"/train" in cmd and b"lockstep.runtime.spare" not in cmd]
 
     def first_step_time(self, timeout=600) -> float:
         deadline = time.time() + timeout
@@ -107,10 +115,35 @@ class Run:
             time.sleep(0.05)
         return self.steps[0][1]
 
-    def wait(self, timeout=7200) -> int:
-        code = self.proc.wait(timeout)
+    def wait(self, stall_s: float, timeout=7200) -> int | None:
+        """The job's exit code, or None when it stopped making progress: no STEP line for
+        ``stall_s`` seconds once training began (``stall_s`` plus 600 s of start-up before). A
+        stalled job is recorded (last step, how long, the workers' stacks where py-spy is on the
+        PATH), then killed with its whole session, so one hung variant does not hang the bench."""
+        deadline = time.time() + timeout
+        while self.proc.poll() is None:
+            last = self.steps[-1][1] if self.steps else self.t_start + 600
+            if time.time() - last > stall_s or time.time() > deadline:
+                self._record_stall(last)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                for pid, _env, _cmd in self.marked():  # torchrun puts its workers in sessions of their own
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.wait()
+                return None
+            time.sleep(0.5)
         time.sleep(0.2)
-        return code
+        return self.proc.returncode
+
+    def _record_stall(self, since: float):
+        stacks = {}
+        spy = shutil.which("py-spy")
+        for pid in self.workers() if spy else []:
+            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            stacks[pid] = (dump.stdout or dump.stderr)[:4000]  # innermost frames first
+        self.stalled = {"last_step": self.steps[-1][0] if self.steps else None, "since": since,
+                        "stalled_s": round(time.time() - since, 1), "stacks": stacks or "py-spy not on PATH",
+                        "log_tail": "".join(self.log[-80:])}
 
     def step_time(self, skip: int = 100) -> float:
         pts = [p for p in self.steps if p[0] > skip]
@@ -141,6 +174,11 @@ def inject_failures(run: Run, mtbf_s: float, rng: random.Random, kills: list[flo
         n += 1
 
 
+def kill_times(run: Run, kills: list[float]) -> list[float]:
+    """When each kill came, in seconds of training time (from the first STEP line)."""
+    return [round(k - run.steps[0][1], 2) for k in kills] if run.steps else []
+
+
 def job_args(a, out: Path) -> list[str]:
     return [str(TRAIN), str(out), "--steps", str(a.steps), "--width", str(a.width), "--batch", str(a.batch)]
 
@@ -148,7 +186,7 @@ def job_args(a, out: Path) -> list[str]:
 def run_plain(a, tmp: Path) -> dict:
     run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
                *job_args(a, tmp / "plain.pt")])
-    assert run.wait() == 0, "".join(run.log[-40:])
+    assert run.wait(a.stall_s) == 0, "".join(run.log[-40:])
     return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time()}
 
 
@@ -161,9 +199,10 @@ def run_lockstep(a, tmp: Path, failures: bool, rng) -> dict:
     kills: list[float] = []
     if failures:
         threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
-    code = run.wait()
+    code = run.wait(a.stall_s)
     res = {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps),
-           "step_s": run.step_time(), "exit": code, "failures": len(kills)}
+           "step_s": run.step_time(), "exit": code, "failures": len(kills), "kills_at_s": kill_times(run, kills),
+           "stalled": run.stalled}
     hist = json.loads((state / "jobs" / name / "state.json").read_text())["history"]
     rec = [h["failure_to_resumed_s"] for h in hist if h["kind"] == "job.migration_finished" and "failure_to_resumed_s" in h]
     res["resume_s"] = rec
@@ -176,7 +215,7 @@ def measure_checkpoint_cost(a, tmp: Path) -> float:
     run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
                str(TRAIN), str(tmp / "cal.pt"), "--steps", "120", "--width", str(a.width), "--batch", str(a.batch),
                "--ckpt-dir", str(d), "--ckpt-every", "20"])
-    assert run.wait() == 0, "".join(run.log[-40:])
+    assert run.wait(a.stall_s) == 0, "".join(run.log[-40:])
     return statistics.median(run.ckpts)
 
 
@@ -186,13 +225,22 @@ def run_torchrun_dcp(a, tmp: Path, step_s: float, rng) -> dict:
     k = max(1, round(tau / step_s))
     d = tmp / f"ckpt-{uuid.uuid4().hex[:6]}"
     d.mkdir()
-    run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--max-restarts", "100", "--master-port",
-               str(free_port()), *job_args(a, tmp / "tr.pt"), "--ckpt-dir", str(d), "--ckpt-every", str(k)])
+    # torch 2.13's c10d rendezvous hands the workers of every restart round the same shared
+    # TCPStore with the same keys (dynamic_rendezvous.py reuses its store server; the "new store
+    # per retry" that rendezvous.py assumes is not made), so a restarted rank reads a dead rank's
+    # gloo address from the round before: "Gloo connectFullMesh failed ... Connection refused" on
+    # every restart (reproduced with one kill, 2026-12-03). torch's documented opt-out of the
+    # sharing gives each round a fresh store; with it one kill restarts and finishes.
+    run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--max-restarts", "100", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", d.name,
+               *job_args(a, tmp / "tr.pt"), "--ckpt-dir", str(d), "--ckpt-every", str(k)],
+              {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     kills: list[float] = []
     threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
-    code = run.wait()
+    code = run.wait(a.stall_s)
     return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "exit": code,
-            "failures": len(kills), "ckpt_every": k, "ckpt_cost_s": delta, "young_interval_s": tau}
+            "failures": len(kills), "kills_at_s": kill_times(run, kills), "ckpt_every": k, "ckpt_cost_s": delta,
+            "young_interval_s": tau, "stalled": run.stalled}
 
 
 TORCHFT_VENV = ROOT / "var" / "bench-torchft"
@@ -218,9 +266,24 @@ def run_torchft(a, tmp: Path, rng) -> dict:
                "--width", str(a.width), "--batch", str(a.batch)], {"RUST_LOG": "warn"})
     kills: list[float] = []
     threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
-    code = run.wait()
+    code = run.wait(a.stall_s)
     return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time(),
-            "exit": code, "failures": len(kills)}
+            "exit": code, "failures": len(kills), "kills_at_s": kill_times(run, kills),
+            "stalled": run.stalled}
+
+
+def goodput(plain: dict, res: dict) -> float | None:
+    """Failure-free training time over the variant's; none for a job that did not finish."""
+    return plain["train_s"] / res["train_s"] if res["exit"] == 0 else None
+
+
+def outcome(res: dict) -> str:
+    if res["exit"] == 0:
+        return f"goodput {res['goodput'] * 100:.1f}%"
+    if res.get("stalled"):
+        st = res["stalled"]
+        return f"DID NOT FINISH: no step for {st['stalled_s']:.0f} s after step {st['last_step']} (stacks in results.json)"
+    return f"DID NOT FINISH: exit {res['exit']}"
 
 
 def main(argv=None):
@@ -232,6 +295,8 @@ def main(argv=None):
     ap.add_argument("--spares", type=int, default=20)
     ap.add_argument("--variants", default="plain,lockstep-free,lockstep,torchrun,torchft")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stall-s", type=float, default=240.0,
+                    help="a variant with no step for this long is recorded as stalled and killed (default 240)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
@@ -251,23 +316,23 @@ def main(argv=None):
               f"overhead {free['overhead'] * 100:+.1f}%)")
     if "lockstep" in variants:
         ls = run_lockstep(a, tmp, True, rng)
-        ls["goodput"] = plain["train_s"] / ls["train_s"]
+        ls["goodput"] = goodput(plain, ls)
         results["variants"]["lockstep"] = ls
-        print(f"  lockstep, {ls['failures']} failures (exit {ls['exit']}): train {ls['train_s']:.1f} s, goodput {ls['goodput'] * 100:.1f}%, "
+        print(f"  lockstep, {ls['failures']} failures (exit {ls['exit']}): train {ls['train_s']:.1f} s, {outcome(ls)}, "
               f"failure->resumed {', '.join(f'{r:.2f}' for r in ls['resume_s'])} s")
     if "torchrun" in variants:
         tr = run_torchrun_dcp(a, tmp, plain["step_s"], rng)
-        tr["goodput"] = plain["train_s"] / tr["train_s"]
+        tr["goodput"] = goodput(plain, tr)
         results["variants"]["torchrun-dcp"] = tr
         print(f"  torchrun --max-restarts + DCP every {tr['ckpt_every']} steps (Young: sqrt(2 x {tr['ckpt_cost_s']:.3f} s"
               f" x {a.mtbf_s:.0f} s) = {tr['young_interval_s']:.1f} s), {tr['failures']} failures: {tr['wall_s']:.1f} s, "
-              f"goodput {tr['goodput'] * 100:.1f}%")
+              f"{outcome(tr)}")
     if "torchft" in variants:
         tf = run_torchft(a, tmp, rng)
-        tf["goodput"] = plain["train_s"] / tf["train_s"]
+        tf["goodput"] = goodput(plain, tf)
         results["variants"]["torchft"] = tf
         print(f"  torchft 0.2.0, {tf['failures']} failures (exit {tf['exit']}): train {tf['train_s']:.1f} s "
-              f"({tf['step_s'] * 1000:.2f} ms/step), goodput {tf['goodput'] * 100:.1f}%")
+              f"({tf['step_s'] * 1000:.2f} ms/step), {outcome(tf)}")
     results["load_after"] = load()
     Path(a.out).write_text(json.dumps(results, indent=1))
     print(f"  load after: {results['load_after']}; results in {a.out}")

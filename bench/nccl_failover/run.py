@@ -253,16 +253,17 @@ def _tput_once(pair: NcclPair, transport: str, size: int, iters: int, mode: str,
     return out["MBps"] if mode == "bw" else out["one_way_us"], ""
 
 
-def _iters(size: int) -> dict[str, int]:
-    return {"bw": max(200, (256 << 20) // size) if size >= 65536 else 20000, "lat": 1000 if size <= 65536 else 200}
+def _iters(size: int, run_bytes: int = 256 << 20) -> dict[str, int]:
+    """Messages per run: bandwidth moves ``run_bytes`` (at least 200 messages); latency a fixed count."""
+    return {"bw": max(200, run_bytes // max(size, 1)), "lat": 1000 if size <= 65536 else 200}
 
 
-def tput(pair: NcclPair, repeats: int, sizes: list[int], modes: list[str]) -> list[dict]:
+def tput(pair: NcclPair, repeats: int, sizes: list[int], modes: list[str], run_bytes: int = 256 << 20) -> list[dict]:
     """Median of `repeats` runs per cell; the transports take turns run by run, so a change in
     the machine's load hits them alike."""
     rows = []
     for size in sizes:
-        iters = _iters(size)
+        iters = _iters(size, run_bytes)
         for mode in modes:
             row: dict = {"size": size, "mode": mode, "load1": os.getloadavg()[0]}
             vals: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
@@ -335,6 +336,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(Path(__file__).with_name("results.json")))
     parser.add_argument("--compare-lib", help="another libnccl-net-lockstep.so, measured as transport plugin_compare")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="throughput message sizes in bytes")
+    parser.add_argument("--run-bytes", type=int, default=256 << 20,
+                        help="bytes one bandwidth run moves (at least 200 messages); more gives steadier medians")
     parser.add_argument("--modes", default="bw,lat", help="throughput modes: bw (bandwidth), lat (latency)")
     parser.add_argument("--syscalls", type=int, metavar="SIZE",
                         help="instead of the throughput table: syscalls per SIZE-byte message on each side "
@@ -347,6 +350,8 @@ def main() -> int:
     if any(n < 0 for n in sizes) or (args.syscalls is not None and args.syscalls < 0):
         parser.error("--sizes / --syscalls: a message size cannot be negative")
     modes = args.modes.split(",")
+    if args.run_bytes <= 0:
+        parser.error(f"--run-bytes: {args.run_bytes}: must be positive")
     if set(modes) - {"bw", "lat"}:
         parser.error(f"--modes: {args.modes!r}: each must be bw or lat")
     if args.compare_lib:
@@ -364,7 +369,7 @@ def main() -> int:
         if args.syscalls is not None:
             out["syscalls"] = syscalls(pair, args.syscalls, args.repeats)
         elif not args.no_throughput:
-            out["throughput"] = tput(pair, args.repeats, sizes, modes)
+            out["throughput"] = tput(pair, args.repeats, sizes, modes, args.run_bytes)
         out["load1_at_end"] = os.getloadavg()[0]
     finally:
         pair.destroy()
