@@ -66,9 +66,13 @@ $(ADAPTERS): requirements/adapters.txt scripts/adapter-venvs.sh
 test: $(STAMP) host-packages native plugin $(if $(PYTEST_ARGS),,$(ADAPTERS))
 	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
-# The console and agent tests on embedded defaults (SQLite, no Redis).
+# The console tests, the integration tests and the agent tests that run a real console, again on
+# embedded defaults (SQLite, no Redis). The other agent tests talk to a fake console and never see
+# the database: the full suite ran them once.
+SQLITE_TESTS := tests/console tests/integration tests/agent/test_agent_enroll.py \
+	tests/agent/test_agent_jobs_e2e.py tests/agent/test_agent_real_console.py
 test-sqlite: $(STAMP) native
-	$(BIN)/python scripts/testenv.py --embedded -- $(BIN)/python -m pytest -p no:cacheprovider tests/console tests/integration tests/agent $(PYTEST_ARGS)
+	$(BIN)/python scripts/testenv.py --embedded -- $(BIN)/python -m pytest -p no:cacheprovider $(SQLITE_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP) host-packages
 	$(BIN)/ruff check .

@@ -10,6 +10,8 @@
   it into ``var/bench-torchft``, a venv that uses ``.venv``'s torch): the same model written for
   torchft (``train_torchft.py``), one replica group per process, a lighthouse, the same
   failures; a killed group is restarted by its torchrun and heals from its peers.
+  ``--torchft-steps N`` runs it for the first N steps only, its goodput then against plain's
+  time to step N.
 
 Goodput is the failure-free training time over the variant's training time for the same number
 of steps (training time: from the first ``STEP`` line to the last step, so the variants' start-up
@@ -49,6 +51,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
 
 
 def load() -> str:
@@ -187,7 +196,8 @@ def run_plain(a, tmp: Path) -> dict:
     run = Run([str(BIN / "torchrun"), "--nproc-per-node", "4", "--master-port", str(free_port()),
                *job_args(a, tmp / "plain.pt")])
     assert run.wait(a.stall_s) == 0, "".join(run.log[-40:])
-    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time()}
+    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time(),
+            "train_s_first": {str(a.torchft_steps): run.train_s(a.torchft_steps)}}
 
 
 def run_lockstep(a, tmp: Path, failures: bool, rng) -> dict:
@@ -262,19 +272,21 @@ def torchft_python() -> Path:
 
 
 def run_torchft(a, tmp: Path, rng) -> dict:
-    run = Run([str(torchft_python()), str(HERE / "torchft_job.py"), str(tmp / "tf.pt"), "--steps", str(a.steps),
+    run = Run([str(torchft_python()), str(HERE / "torchft_job.py"), str(tmp / "tf.pt"), "--steps", str(a.torchft_steps),
                "--width", str(a.width), "--batch", str(a.batch)], {"RUST_LOG": "warn"})
     kills: list[float] = []
     threading.Thread(target=inject_failures, args=(run, a.mtbf_s, rng, kills), daemon=True).start()
     code = run.wait(a.stall_s)
-    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.steps), "step_s": run.step_time(),
-            "exit": code, "failures": len(kills), "kills_at_s": kill_times(run, kills),
+    return {"wall_s": time.time() - run.t_start, "train_s": run.train_s(a.torchft_steps), "step_s": run.step_time(),
+            "steps": a.torchft_steps, "exit": code, "failures": len(kills), "kills_at_s": kill_times(run, kills),
             "stalled": run.stalled}
 
 
-def goodput(plain: dict, res: dict) -> float | None:
-    """Failure-free training time over the variant's; none for a job that did not finish."""
-    return plain["train_s"] / res["train_s"] if res["exit"] == 0 else None
+def goodput(plain: dict, res: dict, steps: int | None = None) -> float | None:
+    """Failure-free training time over the variant's (for its first ``steps`` steps when it ran
+    fewer than the others); none for a job that did not finish."""
+    ref = plain["train_s_first"][str(steps)] if steps else plain["train_s"]
+    return ref / res["train_s"] if res["exit"] == 0 else None
 
 
 def outcome(res: dict) -> str:
@@ -297,14 +309,21 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stall-s", type=float, default=240.0,
                     help="a variant with no step for this long is recorded as stalled and killed (default 240)")
+    ap.add_argument("--torchft-steps", type=int, default=0,
+                    help="steps of the torchft variant when fewer than --steps (its per-step quorum makes it the slowest);"
+                         " its goodput is then against plain's time to that step (default: --steps)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     a = ap.parse_args(argv)
+    if a.steps <= 20 or not 0 <= a.torchft_steps <= a.steps:
+        ap.error(f"--steps {a.steps} / --torchft-steps {a.torchft_steps}: need steps > 20 and 0 <= torchft-steps <= steps")
+    a.torchft_steps = a.torchft_steps or a.steps
     rng = random.Random(a.seed)
     tmp = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
     variants = a.variants.split(",")
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()} {os.cpu_count()} cores "
-               f"{platform.platform()}", "load_before": load(), "config": vars(a), "variants": {}}
-    print(f"goodput bench: {a.steps} steps, width {a.width}, a failure every {a.mtbf_s:.0f} s; load {results['load_before']}")
+               f"({cpu_model()}) {platform.platform()}", "load_before": load(), "config": vars(a), "variants": {}}
+    print(f"goodput bench: {a.steps} steps, width {a.width}, a failure every {a.mtbf_s:.0f} s; "
+          f"{results['machine']}; load {results['load_before']}")
     plain = run_plain(a, tmp)
     results["variants"]["plain"] = plain
     print(f"  plain torchrun, no failure: train {plain['train_s']:.1f} s ({plain['step_s'] * 1000:.2f} ms/step)")
@@ -329,9 +348,9 @@ def main(argv=None):
               f"{outcome(tr)}")
     if "torchft" in variants:
         tf = run_torchft(a, tmp, rng)
-        tf["goodput"] = goodput(plain, tf)
+        tf["goodput"] = goodput(plain, tf, a.torchft_steps)
         results["variants"]["torchft"] = tf
-        print(f"  torchft 0.2.0, {tf['failures']} failures (exit {tf['exit']}): train {tf['train_s']:.1f} s "
+        print(f"  torchft 0.2.0, {a.torchft_steps} steps, {tf['failures']} failures (exit {tf['exit']}): train {tf['train_s']:.1f} s "
               f"({tf['step_s'] * 1000:.2f} ms/step), {outcome(tf)}")
     results["load_after"] = load()
     Path(a.out).write_text(json.dumps(results, indent=1))

@@ -38,6 +38,11 @@ ACTIVITY = "clock.sync"
 # much, and by more than 10 bounds, is a clock step: said, counted, and corrected at once.
 STEP_MIN_NS = 10_000.0
 STEP_BOUNDS = 10.0
+# For CLOCK_ESTIMATE_MAX_AGE_S after a step, the solves still mix in estimates from before it (a
+# peer's probe window straddling the step, a pair row not yet replaced), so the first solve after
+# a step sees most of it and the next ones the rest. A later jump smaller than this fraction of
+# the step is that rest: added to the step, not taken for jitter (nor for a second step).
+STEP_SETTLE_FRACTION = 0.1
 JITTER_WEIGHT = 0.2
 
 
@@ -191,7 +196,8 @@ def solve(cluster_id: int):
     if sync is None or sync.reference is None:
         return None
     now = timezone.now()
-    fresh = now - timedelta(seconds=_setting("CLOCK_ESTIMATE_MAX_AGE_S"))
+    max_age = timedelta(seconds=_setting("CLOCK_ESTIMATE_MAX_AGE_S"))
+    fresh = now - max_age
     rows = list(PairEstimate.objects.filter(cluster_id=cluster_id, measured_at__gte=fresh)
                 .select_related("node", "peer"))
     names = sorted(set(sync.planned) | {sync.reference.name})
@@ -215,7 +221,13 @@ def solve(cluster_id: int):
                 predicted = _predicted(clock, solution.at_ns)
                 if predicted is not None and name != sync.reference.name:
                     jump = corr.offset_ns - predicted
-                    if abs(jump) > max(STEP_MIN_NS, STEP_BOUNDS * max(corr.bound_ns, clock.bound_ns or 0.0)):
+                    settling = (clock.last_step_at is not None and clock.last_step_ns is not None
+                                and now - clock.last_step_at <= max_age)
+                    if settling and abs(jump) < STEP_SETTLE_FRACTION * abs(clock.last_step_ns):
+                        clock.last_step_ns += jump
+                        if abs(jump) > STEP_MIN_NS:
+                            due.add(name)  # corrected at once, as the step's first part was
+                    elif abs(jump) > max(STEP_MIN_NS, STEP_BOUNDS * max(corr.bound_ns, clock.bound_ns or 0.0)):
                         clock.steps += 1
                         clock.last_step_ns, clock.last_step_at = jump, now
                         due.add(name)

@@ -6,6 +6,7 @@ corrections; the API shows it to members and hides it from outsiders; the metric
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.test import Client
@@ -145,6 +146,28 @@ def test_estimates_are_solved_into_offsets_within_the_bound_and_corrections_are_
     sent = [c for c in Command.objects.filter(cluster=cluster).order_by("created")[before:] if c.node.name == "c-node2"]
     assert sent and sent[-1].args["args"]["correction"]["offset_ns"] == node2.offset_ns
     assert NodeClock.objects.get(node__name="c-node1", cluster=cluster).steps == 0
+
+
+def test_a_step_the_first_solve_sees_only_partly_is_counted_once_at_its_whole_size_and_not_taken_for_jitter(
+        cluster, eager_tasks, django_capture_on_commit_callbacks, settings):
+    # Estimates from before a step linger in the first solves after it (a peer's probe window
+    # straddles it): here the first round carries 99.4 % of a 3 ms step, the next the whole step.
+    settings.LOCKSTEP = {**settings.LOCKSTEP, "CLOCK_SOLVE_MIN_INTERVAL_S": 0, "CLOCK_ESTIMATE_MAX_AGE_S": 30}
+    services.start(cluster)
+    now = time.time_ns()
+    report_round(cluster, 1, now - 8 * 10**9, capture=django_capture_on_commit_callbacks)
+    before = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
+    report_round(cluster, 2, now - 6 * 10**9, step={"c-node2": 2_982_000}, capture=django_capture_on_commit_callbacks)
+    first = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
+    assert first.steps == 1 and first.last_step_ns == pytest.approx(2_982_000, abs=1000)
+    issued = Command.objects.count()
+    report_round(cluster, 3, now - 4 * 10**9, step={"c-node2": 3_000_000}, capture=django_capture_on_commit_callbacks)
+    node2 = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
+    assert node2.steps == 1 and node2.last_step_ns == pytest.approx(3_000_000, abs=1000)
+    assert node2.jitter_ns == before.jitter_ns and node2.bound_ns < 1000
+    # the rest of the step (18 µs) is corrected at once, as the step was
+    sent = [c for c in Command.objects.filter(cluster=cluster).order_by("created")[issued:] if c.node.name == "c-node2"]
+    assert sent and sent[-1].args["args"]["correction"]["offset_ns"] == node2.offset_ns
 
 
 @pytest.mark.parametrize(("data", "field"), [
