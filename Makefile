@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/*.txt | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-sqlite lint host-packages agent-package native native-asan clean
+.PHONY: demo test test-sqlite lint host-packages agent-package native native-asan adapters clean
 
 $(STAMP): requirements/console.txt requirements/agent.txt requirements/runtime.txt requirements/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Python 3.10 or newer is needed (got $$($(PYTHON) -V))"; exit 1; }
@@ -60,10 +60,13 @@ $(ADAPTERS): requirements/adapters.txt scripts/adapter-venvs.sh
 	./scripts/adapter-venvs.sh
 	rm -f var/adapters/.built-*
 	touch $@
+# CI builds them beside the suite instead (.ci/run: `make adapters` in the background, then
+# `make test ADAPTERS_BESIDE=1`, and the adapter tests wait for that build's status file).
+adapters: $(ADAPTERS)
 
 # The whole suite, on the local PostgreSQL and Redis when they are installed (started if they
 # are down), or on DATABASE_URL/REDIS_URL when set; the first line says which parts it runs on.
-test: $(STAMP) host-packages native plugin $(if $(PYTEST_ARGS),,$(ADAPTERS))
+test: $(STAMP) host-packages native plugin $(if $(PYTEST_ARGS)$(ADAPTERS_BESIDE),,$(ADAPTERS))
 	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The console tests, the integration tests and the agent tests that run a real console, again on

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -18,7 +19,26 @@ from .conftest import REPO, child_env
 VENVS = REPO / "var" / "adapters"
 
 
+def wait_for_a_build_beside_the_suite():
+    """.ci/run builds the environments in the background while the suite runs and names the
+    status file its build writes when done (0: built); a plain `make test` built them before."""
+    status = os.environ.get("LOCKSTEP_ADAPTERS_BUILD_STATUS")
+    if not status:
+        return
+    path = REPO / status
+    deadline = time.monotonic() + 780  # inside the first adapter test's 900 s timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the adapter environments' build did not write {path} within 13 minutes")
+        time.sleep(0.5)
+    if path.read_text().strip() != "0":
+        log = REPO / "var" / "adapters-build.log"
+        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+        pytest.fail(f"the adapter environments' build failed ({path}):\n{tail}")
+
+
 def interpreter(name: str):
+    wait_for_a_build_beside_the_suite()
     python = VENVS / name / "bin" / "python"
     if not python.exists():
         pytest.skip(f"{name} is not installed here: scripts/adapter-venvs.sh builds {python.parent.parent}")
