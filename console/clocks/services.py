@@ -39,9 +39,11 @@ ACTIVITY = "clock.sync"
 STEP_MIN_NS = 10_000.0
 STEP_BOUNDS = 10.0
 # For CLOCK_ESTIMATE_MAX_AGE_S after a step, the solves still mix in estimates from before it (a
-# peer's probe window straddling the step, a pair row not yet replaced), so the first solve after
-# a step sees most of it and the next ones the rest. A later jump smaller than this fraction of
-# the step is that rest: added to the step, not taken for jitter (nor for a second step).
+# peer's probe window straddling the step, a pair row not yet replaced): the first solve after a
+# step sees most of it and the next ones the rest, and the stepped node's neighbours are pulled a
+# little. A jump smaller than this fraction of the step (or of a larger jump in the same solve)
+# is that rest on the stepped node -- added to its step -- and that pull on the others: neither
+# a step nor jitter. (So a step under a tenth of a simultaneous larger one is not told apart.)
 STEP_SETTLE_FRACTION = 0.1
 JITTER_WEIGHT = 0.2
 
@@ -209,6 +211,17 @@ def solve(cluster_id: int):
     solution = solve_cluster(names, sync.reference.name, estimates, previous)
     due: set[str] = set()
     correct_every = timedelta(seconds=_setting("CLOCK_CORRECT_EVERY_S"))
+    jumps = {}
+    for name, node in nodes.items():
+        clock, corr = clocks.get(node.pk), solution.nodes.get(name)
+        if clock is not None and corr is not None and name != sync.reference.name:
+            predicted = _predicted(clock, solution.at_ns)
+            if predicted is not None:
+                jumps[name] = corr.offset_ns - predicted
+    recent_steps = [abs(c.last_step_ns) for c in clocks.values()
+                    if c.last_step_at is not None and c.last_step_ns is not None and now - c.last_step_at <= max_age]
+    # the scale of the steps in play: recent ones, and jumps in this solve that could be one
+    pull_below = STEP_SETTLE_FRACTION * max([0.0, *recent_steps, *(abs(j) for j in jumps.values() if abs(j) > STEP_MIN_NS)])
     with transaction.atomic():
         for name, node in nodes.items():
             clock = clocks.get(node.pk) or NodeClock(organization_id=node.organization_id, cluster_id=cluster_id,
@@ -218,16 +231,19 @@ def solve(cluster_id: int):
                 clock.state = ClockState.ISLAND if name in solution.disconnected and any(
                     name in (e.a, e.b) for e in estimates) else ClockState.UNSYNCED
             else:
-                predicted = _predicted(clock, solution.at_ns)
-                if predicted is not None and name != sync.reference.name:
-                    jump = corr.offset_ns - predicted
+                if name in jumps:
+                    jump = jumps[name]
                     settling = (clock.last_step_at is not None and clock.last_step_ns is not None
                                 and now - clock.last_step_at <= max_age)
+                    threshold = max(STEP_MIN_NS, STEP_BOUNDS * max(corr.bound_ns, clock.bound_ns or 0.0))
                     if settling and abs(jump) < STEP_SETTLE_FRACTION * abs(clock.last_step_ns):
                         clock.last_step_ns += jump
                         if abs(jump) > STEP_MIN_NS:
                             due.add(name)  # corrected at once, as the step's first part was
-                    elif abs(jump) > max(STEP_MIN_NS, STEP_BOUNDS * max(corr.bound_ns, clock.bound_ns or 0.0)):
+                    elif abs(jump) < pull_below:
+                        if abs(jump) > threshold:
+                            due.add(name)  # pulled by another node's step: corrected, not counted
+                    elif abs(jump) > threshold:
                         clock.steps += 1
                         clock.last_step_ns, clock.last_step_at = jump, now
                         due.add(name)
