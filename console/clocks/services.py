@@ -218,8 +218,7 @@ def solve(cluster_id: int):
             predicted = _predicted(clock, solution.at_ns)
             if predicted is not None:
                 jumps[name] = corr.offset_ns - predicted
-    recent_steps = [abs(c.last_step_ns) for c in clocks.values()
-                    if c.last_step_at is not None and c.last_step_ns is not None and now - c.last_step_at <= max_age]
+    recent_steps = [abs(step) for c in clocks.values() if (step := _recent_step(c, now, max_age)) is not None]
     # the scale of the steps in play: recent ones, and jumps in this solve that could be one
     pull_below = STEP_SETTLE_FRACTION * max([0.0, *recent_steps, *(abs(j) for j in jumps.values() if abs(j) > STEP_MIN_NS)])
     with transaction.atomic():
@@ -233,10 +232,9 @@ def solve(cluster_id: int):
             else:
                 if name in jumps:
                     jump = jumps[name]
-                    settling = (clock.last_step_at is not None and clock.last_step_ns is not None
-                                and now - clock.last_step_at <= max_age)
+                    own_step = _recent_step(clock, now, max_age)
                     threshold = max(STEP_MIN_NS, STEP_BOUNDS * max(corr.bound_ns, clock.bound_ns or 0.0))
-                    if settling and abs(jump) < STEP_SETTLE_FRACTION * abs(clock.last_step_ns):
+                    if own_step is not None and abs(jump) < STEP_SETTLE_FRACTION * abs(own_step):
                         clock.last_step_ns += jump
                         if abs(jump) > STEP_MIN_NS:
                             due.add(name)  # corrected at once, as the step's first part was
@@ -299,6 +297,13 @@ def _served(correction: dict | None, at_ns: int) -> float | None:
         return None
     since = at_ns - (correction["t_ref_ns"] - correction["offset_ns"])
     return correction["offset_ns"] + correction["drift_ppm"] * 1e-6 * since
+
+
+def _recent_step(clock: NodeClock, now, max_age: timedelta) -> float | None:
+    """The node's last step while the solves may still be settling it (within ``max_age``)."""
+    if clock.last_step_at is None or clock.last_step_ns is None or now - clock.last_step_at > max_age:
+        return None
+    return clock.last_step_ns
 
 
 def _predicted(clock: NodeClock, at_ns: int) -> float | None:

@@ -148,20 +148,27 @@ def test_estimates_are_solved_into_offsets_within_the_bound_and_corrections_are_
     assert NodeClock.objects.get(node__name="c-node1", cluster=cluster).steps == 0
 
 
-def test_a_step_the_first_solve_sees_only_partly_is_counted_once_at_its_whole_size_and_not_taken_for_jitter(
-        cluster, eager_tasks, django_capture_on_commit_callbacks, settings):
-    # Estimates from before a step linger in the first solves after it (a peer's probe window
-    # straddles it): here the first round carries 99.4 % of a 3 ms step, the next the whole step.
+@pytest.fixture
+def synced_at(cluster, eager_tasks, django_capture_on_commit_callbacks, settings):
+    """Clock sync started and one round solved, 8 s ago; rounds every 2 s from there (a real
+    estimate age, so the 30 s settling after a step applies)."""
     settings.LOCKSTEP = {**settings.LOCKSTEP, "CLOCK_SOLVE_MIN_INTERVAL_S": 0, "CLOCK_ESTIMATE_MAX_AGE_S": 30}
     services.start(cluster)
     now = time.time_ns()
     report_round(cluster, 1, now - 8 * 10**9, capture=django_capture_on_commit_callbacks)
+    return now
+
+
+def test_a_step_the_first_solve_sees_only_partly_is_counted_once_at_its_whole_size_and_not_taken_for_jitter(
+        cluster, synced_at, django_capture_on_commit_callbacks):
+    # Estimates from before a step linger in the first solves after it (a peer's probe window
+    # straddles it): here the first round carries 99.4 % of a 3 ms step, the next the whole step.
     before = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
-    report_round(cluster, 2, now - 6 * 10**9, step={"c-node2": 2_982_000}, capture=django_capture_on_commit_callbacks)
+    report_round(cluster, 2, synced_at - 6 * 10**9, step={"c-node2": 2_982_000}, capture=django_capture_on_commit_callbacks)
     first = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
     assert first.steps == 1 and first.last_step_ns == pytest.approx(2_982_000, abs=1000)
     issued = Command.objects.count()
-    report_round(cluster, 3, now - 4 * 10**9, step={"c-node2": 3_000_000}, capture=django_capture_on_commit_callbacks)
+    report_round(cluster, 3, synced_at - 4 * 10**9, step={"c-node2": 3_000_000}, capture=django_capture_on_commit_callbacks)
     node2 = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
     assert node2.steps == 1 and node2.last_step_ns == pytest.approx(3_000_000, abs=1000)
     assert node2.jitter_ns == before.jitter_ns and node2.bound_ns < 1000
@@ -172,22 +179,18 @@ def test_a_step_the_first_solve_sees_only_partly_is_counted_once_at_its_whole_si
 
 
 def test_a_neighbour_pulled_by_another_nodes_step_is_corrected_but_not_counted_as_stepped(
-        cluster, eager_tasks, django_capture_on_commit_callbacks, settings):
+        cluster, synced_at, django_capture_on_commit_callbacks):
     # node2 steps by 3 ms; the solve, still holding estimates from before the step, moves node1
     # by 40 µs (over the 10 µs step floor) and then back.
-    settings.LOCKSTEP = {**settings.LOCKSTEP, "CLOCK_SOLVE_MIN_INTERVAL_S": 0, "CLOCK_ESTIMATE_MAX_AGE_S": 30}
-    services.start(cluster)
-    now = time.time_ns()
-    report_round(cluster, 1, now - 8 * 10**9, capture=django_capture_on_commit_callbacks)
     before = NodeClock.objects.get(node__name="c-node1", cluster=cluster)
-    report_round(cluster, 2, now - 6 * 10**9, step={"c-node2": 3_000_000, "c-node1": 40_000},
+    report_round(cluster, 2, synced_at - 6 * 10**9, step={"c-node2": 3_000_000, "c-node1": 40_000},
                  capture=django_capture_on_commit_callbacks)
-    report_round(cluster, 3, now - 4 * 10**9, step={"c-node2": 3_000_000}, capture=django_capture_on_commit_callbacks)
+    report_round(cluster, 3, synced_at - 4 * 10**9, step={"c-node2": 3_000_000}, capture=django_capture_on_commit_callbacks)
     node1 = NodeClock.objects.get(node__name="c-node1", cluster=cluster)
     node2 = NodeClock.objects.get(node__name="c-node2", cluster=cluster)
     assert node2.steps == 1 and node2.last_step_ns == pytest.approx(3_000_000, abs=1000)
     assert node1.steps == 0 and node1.jitter_ns == before.jitter_ns and node1.bound_ns < 1000
-    assert abs(node1.offset_ns - true_offset("c-node1", now - 4 * 10**9)) <= node1.bound_ns
+    assert abs(node1.offset_ns - true_offset("c-node1", synced_at - 4 * 10**9)) <= node1.bound_ns
 
 
 @pytest.mark.parametrize(("data", "field"), [
