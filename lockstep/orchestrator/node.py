@@ -371,6 +371,7 @@ class NodeSupervisor:
         env = dict(self.base_env)
         if "OMP_NUM_THREADS" not in env and self.spec.nproc_per_node > 1:
             env["OMP_NUM_THREADS"] = "1"
+        env["LOCKSTEP_NODE_DIR"] = self.node_dir  # where the workers list the libraries to import
         for _ in range(n):
             self.warm.append(subprocess.Popen([sys.executable, "-m", "lockstep.runtime.spare"], env=env,
                                               stdin=subprocess.PIPE, text=True, preexec_fn=_pdeathsig))

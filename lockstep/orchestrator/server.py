@@ -620,6 +620,13 @@ class Orchestrator:
 
     async def _recover(self):
         t0 = time.monotonic()
+        phases: dict[str, float] = {}
+        mark = [t0]
+
+        def phase(name: str):
+            now = time.monotonic()
+            phases[name] = round(now - mark[0], 3)
+            mark[0] = now
         lost = sorted(self._lost_queue)
         if self.problems:
             raise core.Unrecoverable("the job is not protected: " + "; ".join(self.problems))
@@ -634,6 +641,7 @@ class Orchestrator:
         # copies and the spares (a node that never does is declared lost meanwhile).
         await self.wait_until(lambda: all(n.conn is not None or not n.alive for n in self.nodes.values()),
                               lambda: f"the supervisors of nodes {self._unconnected()} to reconnect")
+        phase("supervisors")
         for r in lost:
             self.ranks[r].status = "recovering"
             self._event("job.migration_started", {"rank": r, "reason": "failure", "from_node": self.ranks[r].node})
@@ -651,11 +659,14 @@ class Orchestrator:
         sources = {}
         for r in lost:
             sources[r] = await self._read_source(r)
+        phase("read_state")
         # Replacements: a spare each, started now (they fast-forward while the survivors report).
         for r in lost:
             await self._start_replacement(r, gen, sources[r], resume_at=_post_step(sources[r]))
+        phase("start_replacements")
         # A survivor that has not connected yet gets the freeze order when it says hello.
         await self.wait_until(lambda: all(s.report is not None for s in survivors), "the survivors' progress reports")
+        phase("survivor_reports")
         reports = []
         for s in survivors:
             reports.append(core.SurvivorReport(
@@ -674,6 +685,7 @@ class Orchestrator:
             lambda: "the group to re-form (not rebuilt: ranks {}; not resumed: ranks {})".format(
                 [s.rank for s in survivors if "rebuilt" not in s.events],
                 [r for r in lost if "resumed" not in self.ranks[r].events]))
+        phase("regroup")
         self.generation = gen
         resumed = time.monotonic() - t0
         for s in survivors:
@@ -685,7 +697,7 @@ class Orchestrator:
             self._event("job.migration_finished", {
                 "rank": r, "reason": "failure", "ok": True, "to_node": info.node, "generation": gen,
                 "failure_to_resumed_s": round(resumed, 3), "duration_s": round(time.monotonic() - t0, 3),
-                "resumed_at_step": plan.resume_at[r], "redo_steps": plan.redo_steps})
+                "phases_s": phases, "resumed_at_step": plan.resume_at[r], "redo_steps": plan.redo_steps})
             print(f"lockstep: rank {r} recovered in {resumed:.2f} s (training resumed at step "
                   f"{plan.resume_at[r]}), generation {gen}", file=sys.stderr, flush=True)
         self._lost_queue.difference_update(lost)

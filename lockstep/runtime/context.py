@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from lockstep.runtime import offnode, smallstate
+from lockstep.runtime import offnode, preimport, smallstate
 from lockstep.runtime.replay import REAL_STEPS, SideEffects, Skeleton, signature
 from lockstep.runtime.rng import RngTracker
 
@@ -103,6 +103,8 @@ class Runtime:
         self._post_buffers = b""
         self._needs_mid = False
         self._buffer_cache = None
+        self._modules_listed = 0
+        self._library_roots = preimport.library_roots()
         # replacement
         self.plan = None  # replacement.Plan
         self.side_effects = SideEffects()
@@ -347,6 +349,8 @@ class Runtime:
         if self.replaying:
             self.plan.on_boundary(self)
         self._write_small("post")
+        if self.step_no & 31 == 1 and self.node_dir and self.local_rank == 0 and self.phase == "live":
+            self._list_libraries()
         if self._boundary_actions:
             actions, self._boundary_actions = self._boundary_actions, []
             for action in actions:
@@ -354,6 +358,15 @@ class Runtime:
         self._hold_if_ordered()
         if self._fault:
             self.fault_point("post")
+
+    def _list_libraries(self):
+        """Tell the node's warm spares what to import while they wait (``preimport``): after the
+        first step, and again every 32 steps while the script still imports more."""
+        if len(sys.modules) == self._modules_listed:
+            return
+        self._modules_listed = len(sys.modules)
+        with contextlib.suppress(OSError):
+            preimport.write(self.node_dir, preimport.library_modules(sys.modules, self._library_roots))
 
     def _snapshot_boundary(self):
         snap = {

@@ -31,6 +31,7 @@ import io
 import logging
 import os
 import sys
+import traceback
 
 import torch
 from torch.utils import _pytree as pytree
@@ -76,12 +77,33 @@ class _NullText(io.TextIOBase):
         return True
 
 
+class _StacklessTraceback:
+    """``traceback`` as torch's device modules see it while a replacement fast-forwards.
+
+    torch records the caller's stack for every device seed it defers (``torch.manual_seed``
+    before CUDA, XPU or MTIA is initialized -- on a GPU host XPU and MTIA always are not): three
+    ``format_stack`` calls per seed, a third of a fast-forward step of a script that seeds every
+    step (py-spy of a replacement, 2026-12-04). The seeds are still deferred as before; only the
+    stacks, printed if deferred seeding fails later, are not recorded."""
+
+    def __getattr__(self, name):
+        return getattr(traceback, name)
+
+    @staticmethod
+    def format_stack(*args, **kwargs):
+        return ["  (stack not recorded while Lockstep fast-forwarded)\n"]
+
+
+DEFERRED_SEED_MODULES = ("torch.cuda", "torch.xpu", "torch.mtia")
+
+
 class SideEffects:
     """Swallows what a fast-forwarding replacement would otherwise repeat."""
 
     def __init__(self):
         self.active = False
         self._saved = None
+        self._tracebacks: dict[str, object] = {}
 
     def suppress(self):
         if self.active:
@@ -100,6 +122,11 @@ class SideEffects:
         io.open = quiet_open
         torch.save = lambda *a, **k: None
         logging.disable(logging.CRITICAL)
+        for name in DEFERRED_SEED_MODULES:
+            mod = sys.modules.get(name)
+            if mod is not None and getattr(mod, "traceback", None) is traceback:
+                self._tracebacks[name] = mod.traceback
+                mod.traceback = _StacklessTraceback()
         self.active = True
 
     def restore(self):
@@ -111,4 +138,7 @@ class SideEffects:
         io.open = real_io_open
         torch.save = real_save
         logging.disable(disabled)
+        for name, real in self._tracebacks.items():
+            sys.modules[name].traceback = real
+        self._tracebacks.clear()
         self.active = False

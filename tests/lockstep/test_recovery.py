@@ -49,6 +49,10 @@ def test_kill_9_of_a_rank_at_a_random_moment_is_recovered_bitwise(script, job_fa
     (rec,) = job.recoveries()
     assert rec["rank"] == rank and rec["ok"]
     assert rec["failure_to_resumed_s"] < 60
+    # Where the recovery's time went, phase by phase, adds up to it.
+    phases = rec["phases_s"]
+    assert set(phases) == {"supervisors", "read_state", "start_replacements", "survivor_reports", "regroup"}
+    assert abs(sum(phases.values()) - rec["failure_to_resumed_s"]) < 0.01
 
 
 def test_kill_in_the_middle_of_the_backward_pass_is_recovered_bitwise(job_factory, tmp_path_factory, tmp_path):
