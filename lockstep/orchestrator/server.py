@@ -619,14 +619,14 @@ class Orchestrator:
             self.fail(f"recovery failed: {exc!r}")
 
     async def _recover(self):
-        t0 = time.monotonic()
-        phases: dict[str, float] = {}
-        mark = [t0]
+        t0 = last = time.monotonic()
+        phases: dict[str, float] = {}  # where the time to resumed training went
 
         def phase(name: str):
+            nonlocal last
             now = time.monotonic()
-            phases[name] = round(now - mark[0], 3)
-            mark[0] = now
+            phases[name] = round(now - last, 3)
+            last = now
         lost = sorted(self._lost_queue)
         if self.problems:
             raise core.Unrecoverable("the job is not protected: " + "; ".join(self.problems))

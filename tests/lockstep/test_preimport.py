@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -64,28 +65,66 @@ def test_a_module_that_fails_to_import_is_skipped_and_the_others_are_imported_on
     monkeypatch.delitem(sys.modules, "lockstep_test_good")
 
 
-def run_spare(tmp_path, listed, extra_env):
+def marker(tmp_path, name: str) -> str:
+    """A module on the spare's path that leaves ``tmp_path/<name>.imported`` behind when imported."""
+    (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / (name + '.imported'))!r}, 'w').close()\n")
+    return name
+
+
+def start_spare(tmp_path, listed=None, extra_env=None):
+    """A warm spare of the node directory ``tmp_path/node`` (holding ``listed`` before it starts)
+    and the order that makes it a rank running a script that prints which markers it found imported."""
     node_dir = tmp_path / "node"
     node_dir.mkdir()
-    preimport.write(str(node_dir), listed)
+    if listed is not None:
+        preimport.write(str(node_dir), listed)
     script = tmp_path / "script.py"
-    script.write_text("import sys\nprint(sorted(n for n in sys.modules if n.startswith('xml.dom')))\n")
+    script.write_text("import sys\nprint(sorted(n for n in sys.modules if n.startswith('lockstep_test_marker')))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update({"LOCKSTEP_NODE_DIR": str(node_dir), "PYTHONPATH": str(ROOT), **extra_env})
-    order = {"argv": [str(script)], "env": {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, "cwd": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "lockstep.runtime.spare"], input=json.dumps(order) + "\n",
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    env.update({"LOCKSTEP_NODE_DIR": str(node_dir), "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+                **(extra_env or {})})
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep.runtime.spare"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    order = {"argv": [str(script)], "env": {"PATH": os.environ["PATH"], "PYTHONPATH": env["PYTHONPATH"]},
+             "cwd": str(tmp_path)}
+    return proc, node_dir, json.dumps(order) + "\n"
 
 
-def test_a_warm_spare_imports_the_listed_libraries_before_it_becomes_a_rank(tmp_path):
-    assert run_spare(tmp_path, ["xml.dom.minidom", "lockstep_no_such_module"], {}) == \
-        "['xml.dom', 'xml.dom.NodeFilter', 'xml.dom.domreg', 'xml.dom.minicompat', 'xml.dom.minidom', 'xml.dom.xmlbuilder']"
+def become_rank(proc, order) -> str:
+    out, err = proc.communicate(order, timeout=120)
+    assert proc.returncode == 0, err
+    return out.strip()
+
+
+def wait_imported(proc, tmp_path, name):
+    deadline = time.monotonic() + 120
+    while not (tmp_path / f"{name}.imported").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the waiting spare never imported {name}")
+        time.sleep(0.05)
+
+
+def test_a_warm_spare_imports_the_list_it_finds_before_it_becomes_a_rank(tmp_path):
+    first = marker(tmp_path, "lockstep_test_marker1")
+    proc, _, order = start_spare(tmp_path, [first, "lockstep_no_such_module"])
+    assert become_rank(proc, order) == "['lockstep_test_marker1']"
+
+
+def test_a_warm_spare_imports_what_a_newer_list_adds_while_it_waits(tmp_path):
+    first, second = marker(tmp_path, "lockstep_test_marker1"), marker(tmp_path, "lockstep_test_marker2")
+    proc, node_dir, order = start_spare(tmp_path)
+    preimport.write(str(node_dir), [first])
+    wait_imported(proc, tmp_path, first)
+    preimport.write(str(node_dir), [first, second])  # the worker imported more since
+    wait_imported(proc, tmp_path, second)
+    assert become_rank(proc, order) == "['lockstep_test_marker1', 'lockstep_test_marker2']"
 
 
 def test_a_warm_spare_told_not_to_preimport_imports_nothing_listed(tmp_path):
-    assert run_spare(tmp_path, ["xml.dom.minidom"], {"LOCKSTEP_SPARE_PREIMPORT": "0"}) == "[]"
+    first = marker(tmp_path, "lockstep_test_marker1")
+    proc, _, order = start_spare(tmp_path, [first], {"LOCKSTEP_SPARE_PREIMPORT": "0"})
+    assert become_rank(proc, order) == "[]"
 
 
 def test_a_nodes_first_worker_lists_its_libraries_after_its_first_step_and_again_only_when_it_imported_more(tmp_path):
