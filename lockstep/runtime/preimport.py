@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import json
 import os
+import site
 import sysconfig
 
 FILE = "modules.json"
@@ -25,8 +26,14 @@ MAX_BYTES = 4 << 20  # a torch process lists ~2,500 names, ~90 KB
 
 
 def library_roots() -> list[str]:
+    """The standard library and every site directory (a distribution's own, such as Debian's
+    ``dist-packages``, and the user's), where installed libraries live."""
     paths = sysconfig.get_paths()
-    return sorted({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
+    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        roots.append(site.getusersitepackages())
+    return sorted({os.path.realpath(r) for r in roots})
 
 
 def library_modules(modules: dict, roots: list[str]) -> list[str]:

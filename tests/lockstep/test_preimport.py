@@ -39,6 +39,12 @@ def test_the_list_names_library_modules_in_import_order_and_leaves_out_the_scrip
     assert preimport.library_modules(modules, [str(lib)]) == ["numpy", "numpy.linalg"]
 
 
+def test_the_library_roots_hold_the_standard_library_and_the_installed_packages_but_not_the_tests():
+    listed = preimport.library_modules(sys.modules, preimport.library_roots())
+    assert {"json", "torch", "pytest"} <= set(listed)
+    assert not any(n == "tests" or n.startswith("tests.") for n in listed)
+
+
 def test_a_missing_oversized_malformed_or_non_list_file_reads_as_no_list(tmp_path):
     assert preimport.read(str(tmp_path)) is None
     path = tmp_path / preimport.FILE
