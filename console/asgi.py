@@ -14,6 +14,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_http = get_asgi_application()  # before importing anything that touches models
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.layers import get_channel_layer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
@@ -23,6 +24,11 @@ from console.live.origin import SameOriginValidator  # noqa: E402
 from console.live.routing import websocket_urlpatterns  # noqa: E402
 
 AGENT_PREFIX = "/api/v1/agent/"
+
+# Channels imports the layer's backend on first use. The first requests run in several
+# threads at once, and two threads importing channels_redis together deadlock on redis's
+# circular import (redis/__init__ imports redis.asyncio): import it here, in one thread.
+get_channel_layer()
 
 
 def http_router(agent_app, browser_app):

@@ -3,7 +3,9 @@ answered (empty) at once, the process exits 0, and nothing is printed as a trace
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 import sys
 import threading
 
@@ -59,3 +61,17 @@ def test_ctrl_c_answers_the_held_polls_and_stops_without_a_traceback(transaction
         answer = answers[i]
         assert isinstance(answer, requests.Response), answer
         assert answer.status_code == 200 and answer.json() == {"commands": []}
+
+
+def test_the_asgi_app_loads_the_channel_layer_before_the_first_request_threads_race_to_import_it(db):
+    # Two request threads importing channels_redis at once deadlocked on redis's circular
+    # import (a CI run's shutdown test caught it): building the ASGI app imports it first.
+    probe = ("import json, sys; import console.asgi; from channels.layers import channel_layers; "
+             "print(json.dumps({'layers': sorted(channel_layers.backends), "
+             "'redis': 'channels_redis.core' in sys.modules}))")
+    env = process_env()
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert loaded["layers"] == ["default"]
+    assert loaded["redis"] == bool(env.get("REDIS_URL"))
