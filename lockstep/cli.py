@@ -81,7 +81,8 @@ def duration(text: str) -> float:
 def _configure_run(p: argparse.ArgumentParser):
     p.add_argument("--job", help="job name (default: torchrun's --rdzv-id, else SCRIPT-TIMESTAMP)")
     p.add_argument("--spares", type=int, default=1,
-                   help="replacements this node can start (default 1): each covers one lost rank")
+                   help="replacements this node can start (default 1): each covers one lost rank; beyond one "
+                        "per rank of the node, spares shadow ranks (a lost rank resumes from its shadow at once)")
     p.add_argument("--scheduler", default="local", help="where spares come from: local, slurm, kubernetes")
     p.add_argument("--snapshot-every", type=duration, default=None, metavar="DURATION",
                    help="snapshot the job's state periodically (e.g. 30s, 5m, 1h); see lockstep snapshot")
@@ -159,11 +160,12 @@ def cmd_jobs(args) -> int:
               f"scheduler {st['scheduler']}" + (f", {st['busy']} under way" if st.get("busy") else ""))
         for problem in st.get("problems", []):
             print(f"  not protected: {problem}")
-        print(f"  {'rank':>4}  {'node':>4}  {'state':<10} {'step':>8}  {'step time':>9}")
+        shadows = {s["rank"]: s["step"] for s in st.get("shadows", [])}
+        print(f"  {'rank':>4}  {'node':>4}  {'state':<10} {'step':>8}  {'step time':>9}  {'shadow at':>9}")
         for r in st["ranks"]:
             ms = f"{r['step_time_s'] * 1000:.1f} ms" if r["step_time_s"] else "-"
             node = "-" if r["node"] is None else r["node"]
-            print(f"  {r['rank']:>4}  {node:>4}  {r['status']:<10} {r['step']:>8}  {ms:>9}")
+            print(f"  {r['rank']:>4}  {node:>4}  {r['status']:<10} {r['step']:>8}  {ms:>9}  {shadows.get(r['rank'], '-'):>9}")
     return 0
 
 

@@ -14,7 +14,7 @@ one, it reads from ``/proc``:
 * the per-step wall time (median of the 20-step gaps rank 0 prints);
 * the CPU time per step (user + system, ``/proc/PID/stat``) of the 4 ranks, and of every helper
   process of the variant: torchrun's agent for ``plain``; the node supervisor, the orchestrator
-  and the warm spares for ``lockstep``;
+  and the warm spares and shadows for ``lockstep`` (``--spares 8``: one shadow per rank);
 * the machine's CPU time per step outside both (``/proc/stat`` minus the job's processes): the
   load other users put on it while the run was measured.
 
@@ -76,7 +76,9 @@ def proc_cpu_s(pid: int) -> float | None:
 
 def classify(cmd: bytes, env: bytes) -> str:
     if b"lockstep.runtime.spare" in cmd:
-        return "spare"
+        return "spare"  # a warm spare, or one that became a shadow
+    if b"\0LOCKSTEP_SHADOW=1" in b"\0" + env:
+        return "shadow"
     if b"lockstep.orchestrator" in cmd:
         return "orchestrator"
     if b"\0RANK=" in b"\0" + env and b"train.py" in cmd:

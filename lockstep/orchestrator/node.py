@@ -36,7 +36,7 @@ import time
 from datetime import timedelta
 
 from lockstep.orchestrator import jobdir, launchspec
-from lockstep.runtime import offnode, smallstate
+from lockstep.runtime import offnode, priority, smallstate
 
 HEARTBEAT_S = 0.3
 # The forwarder is woken by the ranks' writes; this is only how often it looks without a wake
@@ -188,6 +188,9 @@ class NodeSupervisor:
         self.quiet = quiet
         self.events: queue.Queue = queue.Queue()
         self.procs: dict[int, Proc] = {}
+        # Shadows (``shadow`` orders): replacements that fast-forward behind a live rank until it
+        # is lost (``adopt`` makes one that rank's process) or the job ends.
+        self.shadows: dict[int, Proc] = {}
         self.warm: list[subprocess.Popen] = []
         self.exits_pending: list[dict] = []
         self.orch_sock: socket.socket | None = None
@@ -338,15 +341,13 @@ class NodeSupervisor:
             env["LOCKSTEP_STORE"] = self.store_addr
         return env
 
-    def _spawn(self, rank: int, local_rank: int, role: str, generation: int, incarnation: str) -> Proc:
+    def _spawn(self, rank: int, local_rank: int, role: str, generation: int, incarnation: str,
+               shadow: bool = False) -> Proc:
         env = self._env_for(rank, local_rank, role, generation, incarnation)
-        if self.written is not None:
-            with self._copy_lock:
-                state = self.copy_states.get(rank)
-                if state is None:
-                    state = self.copy_states[rank] = offnode.CopyState(self.node_dir, rank)
-                # A new incarnation: nothing of it is held off the node yet.
-                state.set(gate=bool(self.holder_addr), post=offnode.NONE, mid=offnode.NONE)
+        if shadow:
+            env["LOCKSTEP_SHADOW"] = "1"
+        else:
+            self._new_incarnation(rank)
         argv = self.spec.worker_argv()
         popen = None
         while role == "replacement" and self.warm and popen is None:
@@ -362,10 +363,21 @@ class NodeSupervisor:
         if popen is None:
             popen = subprocess.Popen([sys.executable, "-m", "lockstep.runtime.launch", *argv], env=env,
                                      preexec_fn=_pdeathsig)
+        if shadow:
+            priority.lower(popen.pid)
         proc = Proc(rank, local_rank, popen, incarnation, role)
-        self.procs[rank] = proc
+        (self.shadows if shadow else self.procs)[rank] = proc
         threading.Thread(target=self._wait_child, args=(proc,), daemon=True).start()
         return proc
+
+    def _new_incarnation(self, rank: int):
+        if self.written is not None:
+            with self._copy_lock:
+                state = self.copy_states.get(rank)
+                if state is None:
+                    state = self.copy_states[rank] = offnode.CopyState(self.node_dir, rank)
+                # A new incarnation: nothing of it is held off the node yet.
+                state.set(gate=bool(self.holder_addr), post=offnode.NONE, mid=offnode.NONE)
 
     def _start_warm_spares(self, n: int):
         env = dict(self.base_env)
@@ -381,7 +393,7 @@ class NodeSupervisor:
         self.events.put(("child_exit", proc, code))
 
     def _kill_all(self, sig=signal.SIGTERM, grace: float = 3.0):
-        live = [p.popen for p in self.procs.values() if p.popen.poll() is None] + self.warm
+        live = [p.popen for p in [*self.procs.values(), *self.shadows.values()] if p.popen.poll() is None] + self.warm
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(sig)
@@ -693,6 +705,34 @@ class NodeSupervisor:
             self.send({"op": "spawned", "req": req, "rank": rank, "pid": proc.popen.pid, "spares": self._spares_left()})
             if len(self.warm) < self._spares_left():
                 self._start_warm_spares(1)
+        elif op == "shadow":
+            if self._spares_left() <= 0:
+                self.send({"op": "spawn_failed", "req": req, "error": "no spare left on this node"})
+                return
+            rank = int(msg["rank"])
+            old = self.shadows.pop(rank, None)
+            if old is not None:  # replaced: it must not linger as a second process of the rank
+                with contextlib.suppress(ProcessLookupError):
+                    old.popen.kill()
+            local_rank = self.next_spare_slot
+            self.next_spare_slot += 1
+            self.spares_used += 1
+            proc = self._spawn(rank, local_rank, "replacement", int(msg["generation"]), msg["incarnation"], shadow=True)
+            self.send({"op": "shadow_spawned", "req": req, "rank": rank, "pid": proc.popen.pid,
+                       "spares": self._spares_left()})
+            if len(self.warm) < self._spares_left():
+                self._start_warm_spares(1)
+        elif op == "adopt":
+            # The rank was lost: its shadow becomes its process (its exits are the rank's now).
+            rank = int(msg["rank"])
+            proc = self.shadows.get(rank)
+            if proc is None or proc.incarnation != msg.get("incarnation") or proc.popen.poll() is not None:
+                self.send({"op": "adopt_failed", "req": req, "rank": rank})
+                return
+            del self.shadows[rank]
+            self._new_incarnation(rank)
+            self.procs[rank] = proc
+            self.send({"op": "adopted", "req": req, "rank": rank, "pid": proc.popen.pid})
         elif op == "peers":
             self.holder_addr = msg.get("holder")
             self._holder_changed.set()
@@ -720,6 +760,9 @@ class NodeSupervisor:
             self.send({"op": "ack", "req": req})
         elif op == "kill":
             proc = self.procs.get(int(msg["rank"]))
+            shadow = self.shadows.get(int(msg["rank"]))
+            if shadow is not None and msg.get("incarnation") == shadow.incarnation:
+                proc = self.shadows.pop(int(msg["rank"]))
             if proc is not None and proc.popen.poll() is None and msg.get("incarnation") in (None, proc.incarnation):
                 proc.expected_exit = True
                 with contextlib.suppress(ProcessLookupError):
@@ -816,7 +859,11 @@ class NodeSupervisor:
             kind = ev[0]
             if kind == "child_exit":
                 _, proc, code = ev
-                if self.procs.get(proc.rank) is proc or proc.expected_exit:
+                if self.shadows.get(proc.rank) is proc:
+                    del self.shadows[proc.rank]
+                    self.send({"op": "shadow_exited", "rank": proc.rank, "incarnation": proc.incarnation,
+                               "returncode": code})
+                elif self.procs.get(proc.rank) is proc or proc.expected_exit:
                     self.send({"op": "exited", "rank": proc.rank, "pid": proc.popen.pid, "incarnation": proc.incarnation,
                                "returncode": code, "signal": -code if code < 0 else None,
                                "expected": proc.expected_exit})

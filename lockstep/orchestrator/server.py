@@ -58,6 +58,19 @@ replacements it had started; spares permitting), and a whole node: a supervisor 
 all its ranks, which are replaced from the copies of their small state its holder kept; the
 loss of this process's own node is survived by a takeover (above).
 
+Shadows (local scheduler): a replacement re-runs the script's control flow from the start, so
+its fast-forward grows with the step a rank is lost at. A node with a spare for each of its
+ranks and one more therefore starts a shadow per rank (``_tend_shadows``): a replacement with
+``ff_limit`` but no ``resume_at`` -- the proactive migration's follow mode, open-ended -- that
+the rank's newest small state and a new limit reach every ``SHADOW_FOLLOW_S``. Its supervisor
+keeps it apart from the rank's process (``shadow`` / ``adopt`` orders) and starts it at idle
+CPU priority. When the rank is lost, the recovery adopts the shadow instead of starting a spare
+(``_adopt_shadow``: the same plan as a fresh replacement's, so it fast-forwards the few steps
+left and resumes as any other); a shadow that diverged, died, moved node or is ahead of the
+boundary is dropped and a spare used. A proactive migration does not use it. Shadows are not in
+the journal: after a restart of this process they are told they are no longer wanted, and
+replaced.
+
 Its connections (newline-delimited JSON): TCP from ranks and node supervisors (a hello carries
 the job token), and a Unix socket in the job directory for the CLI (``status``, ``migrate``,
 ``hold``/``release``; the command registry ``COMMANDS`` is where ``snapshot``/``restore`` plug in).
@@ -91,6 +104,15 @@ RESUME_GRACE_S = float(os.environ.get("LOCKSTEP_RESUME_GRACE_S", "2"))
 # Ranks per job.heartbeat event: 256 rows are ~20 KiB, well inside the agent socket's 64 KiB line.
 HEARTBEAT_RANKS_PER_EVENT = 256
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
+# Shadows (local scheduler): a node with a spare for each of its ranks and one more starts a
+# shadow for a rank -- a replacement that fast-forwards behind it, told every SHADOW_FOLLOW_S
+# how far it may go -- so a rank lost late in a long job resumes from a process that is already
+# at its step instead of one that re-runs the whole loop. LOCKSTEP_SHADOWS=0 switches them off.
+SHADOWS = os.environ.get("LOCKSTEP_SHADOWS", "1") != "0"
+SHADOW_FOLLOW_S = float(os.environ.get("LOCKSTEP_SHADOW_FOLLOW_S", "2"))
+SHADOW_MIN_STEP = 8  # past the steps a replacement runs for real (replay.REAL_STEPS) and DDP's bucket rebuild
+SHADOW_RETRY_S = 30.0  # after a shadow that could not start or died
+SHADOW_MARK = ":shadow:"  # in a shadow's incarnation
 # How many successors get the journal (the first takes over; the second covers a successor lost
 # since the last change).
 JOURNAL_COPIES = 2
@@ -185,6 +207,10 @@ class Orchestrator:
         self._task: asyncio.Task | None = None  # the recovery or migration under way
         self._task_kind = None
         self._lost_queue: set[int] = set()
+        self.shadows: dict[int, RankInfo] = {}
+        self._shadow_next: dict[int, float] = {}  # rank -> when its shadow is next started or told to go on
+        self._shadow_busy: set[int] = set()  # ranks with a shadow request under way
+        self._no_shadow: set[int] = set()  # ranks whose shadow diverged: their control flow depends on values
         self.node = node  # the node whose supervisor runs this process
         self.takeover_from = takeover_from  # the lost node whose orchestrator this one replaces
         # Where the ranks build their groups' next generation (None: the job's own store, on node
@@ -307,6 +333,7 @@ class Orchestrator:
                        if v.alive and (v.host != me or v.conn is None or v.conn.closed)}
             for n in core.lost_nodes(watched, now, NODE_TIMEOUT_S):
                 self._node_lost(n, f"node {n}'s supervisor silent for {NODE_TIMEOUT_S:.1f} s")
+            self._tend_shadows(now)
             for node in self.nodes.values():
                 if node.conn is not None:
                     with contextlib.suppress(Exception):
@@ -387,11 +414,20 @@ class Orchestrator:
             self._changed.set()
             return node
         rank = int(msg["rank"])
+        shadow = self.shadows.get(rank)
+        if role == "replacement" and shadow is not None and msg.get("incarnation") == shadow.incarnation:
+            shadow.conn = conn
+            shadow.state_addr = msg.get("state_addr")
+            shadow.pid = msg.get("pid")
+            shadow.step = int(msg.get("step", 0))
+            conn.send(dict(shadow.events["plan"], op="plan"))
+            return shadow
         info = self.ranks[rank]
-        if role == "replacement" and info.incarnation not in (None, msg.get("incarnation")) and \
-                info.events.get("expected_incarnation") not in (None, msg.get("incarnation")):
+        stale_shadow = SHADOW_MARK in str(msg.get("incarnation")) and msg.get("incarnation") != info.incarnation
+        if role == "replacement" and (stale_shadow or info.incarnation not in (None, msg.get("incarnation")) and
+                                      info.events.get("expected_incarnation") not in (None, msg.get("incarnation"))):
             conn.send({"op": "fail", "message": "this replacement is no longer wanted"})
-            return info
+            return RankInfo(rank, status="stale")  # what it says until it exits is not the rank's
         info.conn = conn
         info.state_addr = msg.get("state_addr")
         info.incarnation = msg.get("incarnation")
@@ -411,6 +447,11 @@ class Orchestrator:
 
     def _from_rank(self, info: RankInfo, conn: Conn, msg: dict):
         op = msg.get("op")
+        if info.status == "stale":
+            return
+        if info.status == "shadow":
+            self._from_shadow(info, msg)
+            return
         if DEBUG and op != "heartbeat":
             print(f"lockstep[debug]: rank {info.rank} -> {str(msg)[:300]}", file=sys.stderr, flush=True)
         if op == "heartbeat":
@@ -464,6 +505,11 @@ class Orchestrator:
             return
         if op == "exited":
             self._rank_exited(node, msg)
+        elif op == "shadow_exited":
+            shadow = self.shadows.get(int(msg["rank"]))
+            if shadow is not None and shadow.incarnation == msg.get("incarnation"):
+                del self.shadows[shadow.rank]
+                self._shadow_next[shadow.rank] = time.monotonic() + SHADOW_RETRY_S
 
     # -- the ring of copies and the succession -----------------------------------------------
 
@@ -660,9 +706,13 @@ class Orchestrator:
         for r in lost:
             sources[r] = await self._read_source(r)
         phase("read_state")
-        # Replacements: a spare each, started now (they fast-forward while the survivors report).
+        # Replacements: the rank's shadow where it has one, else a spare each, started now (they
+        # fast-forward while the survivors report).
+        shadowed = {}
         for r in lost:
-            await self._start_replacement(r, gen, sources[r], resume_at=_post_step(sources[r]))
+            shadowed[r] = await self._adopt_shadow(r, gen, sources[r])
+            if shadowed[r] is None:
+                await self._start_replacement(r, gen, sources[r], resume_at=_post_step(sources[r]))
         phase("start_replacements")
         # A survivor that has not connected yet gets the freeze order when it says hello.
         await self.wait_until(lambda: all(s.report is not None for s in survivors), "the survivors' progress reports")
@@ -697,7 +747,8 @@ class Orchestrator:
             self._event("job.migration_finished", {
                 "rank": r, "reason": "failure", "ok": True, "to_node": info.node, "generation": gen,
                 "failure_to_resumed_s": round(resumed, 3), "duration_s": round(time.monotonic() - t0, 3),
-                "phases_s": phases, "resumed_at_step": plan.resume_at[r], "redo_steps": plan.redo_steps})
+                "phases_s": phases, "resumed_at_step": plan.resume_at[r], "redo_steps": plan.redo_steps,
+                "shadow_step": shadowed[r]})
             print(f"lockstep: rank {r} recovered in {resumed:.2f} s (training resumed at step "
                   f"{plan.resume_at[r]}), generation {gen}", file=sys.stderr, flush=True)
         self._lost_queue.difference_update(lost)
@@ -746,11 +797,133 @@ class Orchestrator:
         self._journal()
 
     def _update_plan(self, rank: int, update: dict):
-        info = self.ranks[rank]
+        self._send_plan(self.ranks[rank], update)
+
+    @staticmethod
+    def _send_plan(info: RankInfo, update: dict):
         plan = info.events.setdefault("plan", {})
         plan.update(update)
         if info.conn is not None:
             info.conn.send(dict(update, op="plan"))
+
+    # -- shadows ---------------------------------------------------------------------------
+
+    def _tend_shadows(self, now: float):
+        """Starts the shadows the spares allow and tells each how far it may go (from ``_tick``)."""
+        if not SHADOWS or self.scheduler_name != "local" or self.problems or self._done.is_set() or \
+                (self._task is not None and not self._task.done()):
+            return
+        for info in self.ranks.values():
+            r = info.rank
+            if r in self._shadow_busy or now < self._shadow_next.get(r, 0.0):
+                continue
+            node = self.nodes.get(info.node) if info.node is not None else None
+            if node is None or not node.alive or node.conn is None or info.status != "running":
+                continue
+            shadow = self.shadows.get(r)
+            if shadow is None:
+                # Only beside a spare for every rank of the node: a rank without a shadow is
+                # still replaced from a spare.
+                if r in self._no_shadow or info.phase != "live" or info.step < SHADOW_MIN_STEP or \
+                        node.spares - 1 < max(1, node.nproc):
+                    continue
+                work = self._start_shadow(r, node.node)
+            elif shadow.node != info.node:  # the rank moved (a migration): this one follows a history no longer there
+                work = self._drop_shadow(r)
+            elif shadow.conn is not None:
+                work = self._follow_shadow(r, shadow)
+            else:
+                continue
+            self._shadow_busy.add(r)
+            asyncio.ensure_future(self._shadow_work(r, work))
+
+    async def _shadow_work(self, rank: int, work):
+        try:
+            await work
+        except (core.Unrecoverable, asyncio.TimeoutError, KeyError, ValueError, TypeError):
+            shadow = self.shadows.get(rank)
+            if shadow is not None and shadow.conn is None:  # its start failed part-way
+                del self.shadows[rank]
+            self._shadow_next[rank] = time.monotonic() + SHADOW_RETRY_S
+        finally:
+            self._shadow_busy.discard(rank)
+
+    async def _start_shadow(self, rank: int, node: int):
+        source = (await self.node_request(node, {"op": "read_state", "rank": rank}))["source"]
+        if self.ranks[rank].status != "running" or _post_step(source) is None:
+            return
+        shadow = RankInfo(rank, node=node, incarnation=f"{self.job}-r{rank}{SHADOW_MARK}{os.urandom(3).hex()}",
+                          status="shadow", phase="ff")
+        shadow.events["plan"] = {"generation": self.generation, "source": source, "resume_at": None,
+                                 "ff_limit": max(0, _post_step(source) - 1), "shadow": True}
+        self.shadows[rank] = shadow  # before the order: its hello may come before the reply
+        reply = await self.node_request(node, {"op": "shadow", "rank": rank, "generation": self.generation,
+                                               "incarnation": shadow.incarnation})
+        if reply.get("op") != "shadow_spawned":
+            if self.shadows.get(rank) is shadow:
+                del self.shadows[rank]
+            self._shadow_next[rank] = time.monotonic() + SHADOW_RETRY_S
+            return
+        shadow.pid = reply.get("pid")
+        self.nodes[node].spares = int(reply.get("spares", max(0, self.nodes[node].spares - 1)))
+        self.spares_used += 1
+        self._shadow_next[rank] = time.monotonic() + SHADOW_FOLLOW_S
+        self._journal()
+
+    async def _follow_shadow(self, rank: int, shadow: RankInfo):
+        info = self.ranks[rank]
+        source = (await self.node_request(info.node, {"op": "read_state", "rank": rank}))["source"]
+        # The rank may have been lost meanwhile: then the recovery tells the shadow where to go.
+        if self.shadows.get(rank) is shadow and self.ranks[rank] is info and info.status == "running" and \
+                _post_step(source) is not None:
+            self._send_plan(shadow, {"source": source, "ff_limit": max(0, _post_step(source) - 1)})
+        self._shadow_next[rank] = time.monotonic() + SHADOW_FOLLOW_S
+
+    async def _drop_shadow(self, rank: int):
+        shadow = self.shadows.pop(rank, None)
+        node = self.nodes.get(shadow.node) if shadow is not None and shadow.node is not None else None
+        if node is not None and node.alive and node.conn is not None:
+            with contextlib.suppress(core.Unrecoverable, asyncio.TimeoutError):
+                await self.node_request(shadow.node, {"op": "kill", "rank": rank, "incarnation": shadow.incarnation})
+
+    def _from_shadow(self, shadow: RankInfo, msg: dict):
+        op = msg.get("op")
+        if self.shadows.get(shadow.rank) is not shadow:
+            return
+        if op == "ff_progress":
+            shadow.step = int(msg.get("step", shadow.step))
+        elif op == "diverged":
+            # Its control flow depends on values a fast-forward does not have: no shadow for
+            # this rank (a recovery re-checks the same way and says so).
+            print(f"lockstep: the shadow of rank {shadow.rank} diverged ({msg.get('message')}); it is dropped",
+                  file=sys.stderr, flush=True)
+            self._no_shadow.add(shadow.rank)
+            asyncio.ensure_future(self._drop_shadow(shadow.rank))
+
+    async def _adopt_shadow(self, rank: int, gen: int, source: dict) -> int | None:
+        """The lost rank's shadow as its replacement: the step it had reached, or None (no
+        shadow, or one that cannot take over: a plain spare is started instead)."""
+        shadow = self.shadows.get(rank)
+        if shadow is None:
+            return None
+        lost = self.ranks[rank]
+        node = self.nodes.get(shadow.node)
+        resume_at = _post_step(source)
+        reply = {}
+        if shadow.conn is not None and node is not None and node.alive and node.conn is not None and \
+                shadow.node == lost.node and resume_at is not None and shadow.step <= resume_at:
+            reply = await self.node_request(shadow.node, {"op": "adopt", "rank": rank, "incarnation": shadow.incarnation})
+        if reply.get("op") != "adopted":
+            await self._drop_shadow(rank)
+            return None
+        del self.shadows[rank]
+        shadow.status = "recovering"
+        shadow.events = {"expected_incarnation": shadow.incarnation, "plan": shadow.events.get("plan", {})}
+        shadow.pid = reply.get("pid", shadow.pid)
+        self.ranks[rank] = shadow
+        self._update_plan(rank, {"generation": gen, "source": source, "resume_at": resume_at, "shadow": False})
+        self._journal()
+        return shadow.step
 
     # -- proactive migration ---------------------------------------------------------------
 
@@ -870,6 +1043,7 @@ class Orchestrator:
             "spares": self.scheduler.spare_count() if self.scheduler else 0, "spares_used": self.spares_used,
             "problems": self.problems, "busy": self._task_kind,
             "ranks": [r.public() for r in self.ranks.values()],
+            "shadows": [s.public() for s in self.shadows.values()],
             "nodes": [{"node": n.node, "host": n.host, "alive": n.alive, "spares": n.spares} for n in self.nodes.values()],
         }
 

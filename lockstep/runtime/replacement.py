@@ -4,7 +4,10 @@ The orchestrator sends it in pieces (``update``): at once the lost rank's small 
 (read from its node's shared memory) and the boundary to resume at; the group's progress
 (``live_after``: per group, the key of the last collective every survivor completed) once the
 survivors have reported; in a proactive migration, how far it may fast-forward while the rank it
-replaces is still training (``ff_limit``) until the job holds at a boundary.
+replaces is still training (``ff_limit``) until the job holds at a boundary. A shadow
+(``shadow``) is the same follow mode without an end: ``ff_limit`` moves on as the rank trains,
+until the rank is lost and the recovery sends the shadow the boundary to resume at, as it would
+a fresh replacement.
 
 At the resume boundary the replacement loads, in this order: parameters and optimizer states
 from a donor (a survivor at that boundary, so they are the values the lost rank had), the
@@ -24,7 +27,7 @@ import os
 import threading
 import time
 
-from lockstep.runtime import smallstate, transfer
+from lockstep.runtime import priority, smallstate, transfer
 
 PLAN_TIMEOUT_S = float(os.environ.get("LOCKSTEP_PLAN_TIMEOUT_S", "120"))
 
@@ -70,6 +73,10 @@ class Plan:
         self.live_after: dict | None = None
         self.rerun_from_seq: dict[str, int] = {}
         self.ff_limit: int | None = None
+        # A shadow follows a live rank (``ff_limit`` moves on) until that rank is lost or the job
+        # ends; it runs at idle priority meanwhile (``priority``).
+        self.shadow = False
+        self._lowered: bool | None = False  # None once a rank (never lowered again)
         self.source: dict = {}
         self.records: list[tuple[dict, bytes]] = []
         self._lengths: dict[tuple[int, int], int] = {}
@@ -95,6 +102,16 @@ class Plan:
                 self.rerun_from_seq = {g: int(n) for g, n in msg["rerun_from_seq"].items()}
             if "ff_limit" in msg:
                 self.ff_limit = msg["ff_limit"]
+            if "shadow" in msg:
+                self.shadow = bool(msg["shadow"])
+            if self.resume_at is not None and not self.shadow and self._lowered is not None:
+                # Adopted (or never a shadow): a rank from here on, at normal priority at once
+                # (the supervisor lowered the shadow's threads when it started it); its
+                # fast-forward is timed from here.
+                priority.restore_all()
+                if msg.get("shadow") is False:
+                    self.started = time.monotonic()
+                self._lowered = None
             if msg.get("source"):
                 self._set_source(msg["source"])
             if msg.get("fail"):
@@ -172,9 +189,13 @@ class Plan:
                 self.go_live(rt)
 
     def _follow(self, rt):
-        """Proactive migration: never fast-forward past what the rank being replaced has done."""
+        """Proactive migration and shadows: never fast-forward past what the rank being replaced
+        has done."""
         if self.resume_at is not None:
             return
+        if self.shadow and self._lowered is False:
+            self._lowered = priority.lower(0)
+
         def free():
             return self.resume_at is not None or (self.ff_limit is not None and rt.step_no < self.ff_limit)
 
@@ -186,6 +207,8 @@ class Plan:
             if self.controller:
                 self.controller.send({"op": "ff_progress", "step": rt.step_no})
             self._wait_briefly(free, 1.0)
+            if self.shadow:  # waits as long as the rank it shadows lives
+                deadline = time.monotonic() + 10 * PLAN_TIMEOUT_S
             if time.monotonic() > deadline:
                 raise RuntimeError("lockstep: the migration never reached its boundary")
 

@@ -124,7 +124,7 @@ class Job:
             except OSError:
                 continue
             if env.get(b"LOCKSTEP_JOB") == self.name.encode() and env.get(b"RANK") == str(rank).encode() \
-                    and env.get(b"LOCKSTEP_ROLE") in (b"worker", b"replacement"):
+                    and env.get(b"LOCKSTEP_ROLE") in (b"worker", b"replacement") and b"LOCKSTEP_SHADOW" not in env:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"lockstep.runtime" in f.read():
                         return int(pid)
