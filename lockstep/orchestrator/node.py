@@ -56,6 +56,13 @@ def _pdeathsig():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _pdeathsig_idle():
+    # A shadow: also at idle CPU priority from its first instruction (its imports included), so
+    # it takes only the cycles the ranks leave (only where it may come back: priority.can_restore).
+    _pdeathsig()
+    priority.lower_self()
+
+
 class Proc:
     def __init__(self, rank, local_rank, popen, incarnation, role):
         self.rank = rank
@@ -350,7 +357,8 @@ class NodeSupervisor:
             self._new_incarnation(rank)
         argv = self.spec.worker_argv()
         popen = None
-        while role == "replacement" and self.warm and popen is None:
+        # A shadow starts cold at idle priority: the warm spare stays for a rank lost meanwhile.
+        while role == "replacement" and not shadow and self.warm and popen is None:
             spare = self.warm.pop(0)
             try:
                 spare.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}) + "\n")
@@ -361,10 +369,9 @@ class NodeSupervisor:
                 with contextlib.suppress(Exception):
                     spare.kill()
         if popen is None:
+            idle = shadow and priority.can_restore()
             popen = subprocess.Popen([sys.executable, "-m", "lockstep.runtime.launch", *argv], env=env,
-                                     preexec_fn=_pdeathsig)
-        if shadow:
-            priority.lower(popen.pid)
+                                     preexec_fn=_pdeathsig_idle if idle else _pdeathsig)
         proc = Proc(rank, local_rank, popen, incarnation, role)
         (self.shadows if shadow else self.procs)[rank] = proc
         threading.Thread(target=self._wait_child, args=(proc,), daemon=True).start()
@@ -720,8 +727,6 @@ class NodeSupervisor:
             proc = self._spawn(rank, local_rank, "replacement", int(msg["generation"]), msg["incarnation"], shadow=True)
             self.send({"op": "shadow_spawned", "req": req, "rank": rank, "pid": proc.popen.pid,
                        "spares": self._spares_left()})
-            if len(self.warm) < self._spares_left():
-                self._start_warm_spares(1)
         elif op == "adopt":
             # The rank was lost: its shadow becomes its process (its exits are the rank's now).
             rank = int(msg["rank"])

@@ -8,6 +8,7 @@ the whole job)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
@@ -19,15 +20,10 @@ def can_restore() -> bool:
     return soft == resource.RLIM_INFINITY or soft >= 20
 
 
-def lower(pid: int) -> bool:
-    """Puts the process's main thread (and the threads it starts later) at idle priority."""
-    if not can_restore():
-        return False
-    try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:
-        return False
-    return True
+def lower_self() -> None:
+    """This thread, and the threads it starts later, at idle priority (a ``preexec_fn``)."""
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def restore_all() -> None:

@@ -74,9 +74,9 @@ class Plan:
         self.rerun_from_seq: dict[str, int] = {}
         self.ff_limit: int | None = None
         # A shadow follows a live rank (``ff_limit`` moves on) until that rank is lost or the job
-        # ends; it runs at idle priority meanwhile (``priority``).
+        # ends; its supervisor starts it at idle priority (``priority``).
         self.shadow = False
-        self._lowered: bool | None = False  # None once a rank (never lowered again)
+        self._restored = False
         self.source: dict = {}
         self.records: list[tuple[dict, bytes]] = []
         self._lengths: dict[tuple[int, int], int] = {}
@@ -104,14 +104,14 @@ class Plan:
                 self.ff_limit = msg["ff_limit"]
             if "shadow" in msg:
                 self.shadow = bool(msg["shadow"])
-            if self.resume_at is not None and not self.shadow and self._lowered is not None:
+            if self.resume_at is not None and not self.shadow and not self._restored:
                 # Adopted (or never a shadow): a rank from here on, at normal priority at once
                 # (the supervisor lowered the shadow's threads when it started it); its
                 # fast-forward is timed from here.
                 priority.restore_all()
                 if msg.get("shadow") is False:
                     self.started = time.monotonic()
-                self._lowered = None
+                self._restored = True
             if msg.get("source"):
                 self._set_source(msg["source"])
             if msg.get("fail"):
@@ -193,8 +193,6 @@ class Plan:
         has done."""
         if self.resume_at is not None:
             return
-        if self.shadow and self._lowered is False:
-            self._lowered = priority.lower(0)
 
         def free():
             return self.resume_at is not None or (self.ff_limit is not None and rt.step_no < self.ff_limit)
