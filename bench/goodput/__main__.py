@@ -113,8 +113,10 @@ class Run:
         return found
 
     def workers(self) -> list[int]:
+        """The ranks' processes: not the warm spares, nor the shadows (spares that follow a rank)."""
         return [pid for pid, env, cmd in self.marked()
-                if b"\0RANK=" in b"\0" + env and b"/train" in cmd and b"lockstep.runtime.spare" not in cmd]
+                if b"\0RANK=" in b"\0" + env and b"/train" in cmd and b"lockstep.runtime.spare" not in cmd
+                and b"\0LOCKSTEP_SHADOW=1" not in b"\0" + env]
 
     def first_step_time(self, timeout=600) -> float:
         deadline = time.time() + timeout

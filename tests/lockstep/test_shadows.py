@@ -1,4 +1,4 @@
-"""Shadows: with a spare for every rank of its node and one more, ``lockstep run`` keeps a
+"""Shadows (``LOCKSTEP_SHADOWS=1``): with a spare for every rank of its node and one more, ``lockstep run`` keeps a
 shadow per rank -- a replacement that fast-forwards behind the live rank, told every couple of
 seconds how far it may go -- and a rank lost late in the job is taken over by its shadow, already
 near its step, instead of a spare that re-runs the whole loop. The job's result stays bitwise
@@ -46,7 +46,7 @@ def wait_for_shadows(job: Job, past_step: int, timeout: float = 300) -> dict:
 
 def test_a_rank_killed_after_its_shadow_caught_up_is_taken_over_by_it_bitwise(job_factory, tmp_path_factory):
     expected = reference(tmp_path_factory.getbasetemp(), SCRIPT, ARGS)
-    job = job_factory(SCRIPT, ARGS, spares=8)
+    job = job_factory(SCRIPT, ARGS, spares=8, env={"LOCKSTEP_SHADOWS": "1"})
     st = wait_for_shadows(job, past_step=random.randrange(20, 200))
     # Four shadows took four of the eight spares; the rest stay for ranks without one.
     assert st["spares"] == 4 and st["spares_used"] == 4
@@ -63,7 +63,7 @@ def test_a_rank_killed_after_its_shadow_caught_up_is_taken_over_by_it_bitwise(jo
 
 def test_without_a_spare_beyond_one_per_rank_no_shadow_is_started(job_factory, tmp_path_factory):
     expected = reference(tmp_path_factory.getbasetemp(), SCRIPT, ARGS)
-    job = job_factory(SCRIPT, ARGS, spares=4)
+    job = job_factory(SCRIPT, ARGS, spares=4, env={"LOCKSTEP_SHADOWS": "1"})
     job.wait_step(300)
     st = job.status()
     assert st["shadows"] == [] and st["spares"] == 4
