@@ -60,8 +60,8 @@ loss of this process's own node is survived by a takeover (above).
 
 Shadows (local scheduler): a replacement re-runs the script's control flow from the start, so
 its fast-forward grows with the step a rank is lost at. A node with a spare for each of its
-ranks and one more therefore starts a shadow per rank when ``LOCKSTEP_SHADOWS=1`` (``_tend_shadows``): a replacement with
-``ff_limit`` but no ``resume_at`` -- the proactive migration's follow mode, open-ended -- that
+ranks and one more therefore starts, with ``LOCKSTEP_SHADOWS=1``, a shadow per rank
+(``_tend_shadows``): a replacement with ``ff_limit`` but no ``resume_at`` -- the proactive migration's follow mode, open-ended -- that
 the rank's newest small state and a new limit reach every ``SHADOW_FOLLOW_S``. Its supervisor
 keeps it apart from the rank's process (``shadow`` / ``adopt`` orders) and starts it at idle
 CPU priority. When the rank is lost, the recovery adopts the shadow instead of starting a spare
@@ -104,11 +104,8 @@ RESUME_GRACE_S = float(os.environ.get("LOCKSTEP_RESUME_GRACE_S", "2"))
 # Ranks per job.heartbeat event: 256 rows are ~20 KiB, well inside the agent socket's 64 KiB line.
 HEARTBEAT_RANKS_PER_EVENT = 256
 DEBUG = bool(os.environ.get("LOCKSTEP_DEBUG"))
-# Shadows (local scheduler): a node with a spare for each of its ranks and one more starts a
-# shadow for a rank -- a replacement that fast-forwards behind it, told every SHADOW_FOLLOW_S
-# how far it may go -- so a rank lost late in a long job resumes from a process that is already
-# at its step instead of one that re-runs the whole loop. Opt-in (LOCKSTEP_SHADOWS=1): where the
-# spares share the ranks' cores (one host), following costs the ranks CPU (bench/goodput).
+# Shadows (the module's docstring): opt-in, since where the spares share the ranks' cores (one
+# host) following costs the ranks CPU (bench/goodput).
 SHADOWS = os.environ.get("LOCKSTEP_SHADOWS", "0") == "1"
 SHADOW_FOLLOW_S = float(os.environ.get("LOCKSTEP_SHADOW_FOLLOW_S", "2"))
 SHADOW_MIN_STEP = 8  # past the steps a replacement runs for real (replay.REAL_STEPS) and DDP's bucket rebuild

@@ -104,15 +104,21 @@ class Job:
             return None
         return reply.get("status")
 
-    def wait_step(self, step: int, timeout: float = 300) -> dict:
+    def wait_status(self, predicate, what: str, timeout: float = 300) -> dict:
+        """The orchestrator's first status for which ``predicate`` holds (polled every 0.1 s);
+        fails naming ``what`` if the job ends or ``timeout`` passes first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the job ended before step {step}:\n{self.output[-3000:]}"
+            assert self.proc.poll() is None, f"the job ended before {what}:\n{self.output[-3000:]}"
             st = self.status()
-            if st and all(r["status"] == "running" for r in st["ranks"]) and min(r["step"] for r in st["ranks"]) >= step:
+            if st and predicate(st):
                 return st
             time.sleep(0.1)
-        raise AssertionError(f"the job did not reach step {step} in {timeout} s:\n{self.output[-3000:]}")
+        raise AssertionError(f"not {what} in {timeout} s: {self.status()}\n{self.output[-3000:]}")
+
+    def wait_step(self, step: int, timeout: float = 300) -> dict:
+        return self.wait_status(lambda st: all(r["status"] == "running" for r in st["ranks"]) and
+                                min(r["step"] for r in st["ranks"]) >= step, f"every rank at step {step}", timeout)
 
     def worker_pid(self, rank: int) -> int:
         for pid in os.listdir("/proc"):

@@ -7,42 +7,28 @@ import subprocess
 
 import pytest
 
-from tests.lockstep.lockstep_helpers import BIN, Job
+from tests.lockstep.lockstep_helpers import BIN
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def jobs(tmp_path):
-    made = []
-
-    def make(*args, **kwargs):
-        job = Job(tmp_path, *args, **kwargs)
-        made.append(job)
-        return job
-
-    yield make
-    for job in made:
-        job.close()
-
-
-def test_with_no_spare_left_a_lost_rank_fails_the_job_and_says_why(jobs):
-    job = jobs("mlp_sampler.py", ["20"], spares=0)
+def test_with_no_spare_left_a_lost_rank_fails_the_job_and_says_why(job_factory):
+    job = job_factory("mlp_sampler.py", ["20"], spares=0)
     job.wait_step(5)
     job.kill_rank(2)
     assert job.wait(120) == 1
     assert "no spare left for rank 2" in job.output
 
 
-def test_a_script_that_raises_fails_the_job_naming_the_rank(jobs):
-    job = jobs("raises_on_rank1.py", [])
+def test_a_script_that_raises_fails_the_job_naming_the_rank(job_factory):
+    job = job_factory("raises_on_rank1.py", [])
     assert job.wait(300) == 1
     assert "ValueError: a bug in the training script" in job.output
     assert "rank 1 exited with status 1" in job.output
 
 
-def test_point_to_point_traffic_is_reported_and_a_loss_then_fails_clearly(jobs):
-    job = jobs("p2p_ring.py", [])
+def test_point_to_point_traffic_is_reported_and_a_loss_then_fails_clearly(job_factory):
+    job = job_factory("p2p_ring.py", [])
     job.wait_step(5)
     assert "not protected from hard failures: rank" in job.output and "point-to-point" in job.output
     job.kill_rank(3)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tests.lockstep.lockstep_helpers import AgentListener, Job, assert_bitwise_equal, reference
+from tests.lockstep.lockstep_helpers import AgentListener, assert_bitwise_equal, reference
 
 pytestmark = pytest.mark.slow
 
@@ -17,20 +17,6 @@ CASES = {
     "transformer_lm.py": ["40"],  # 320 optimizer steps, gradient accumulation
     "rank_seeded.py": ["400"],  # per-rank seeds, NumPy and random in every batch
 }
-
-
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def make(*args, **kwargs):
-        job = Job(tmp_path, *args, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.close()
 
 
 @pytest.mark.parametrize("script", sorted(CASES))

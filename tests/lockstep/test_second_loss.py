@@ -18,20 +18,6 @@ pytestmark = pytest.mark.slow
 SCRIPT, ARGS = "mlp_sampler.py", ["20"]
 
 
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def make(*args, **kwargs):
-        job = Job(tmp_path, *args, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.close()
-
-
 def wait_status(job: Job, predicate, what: str, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

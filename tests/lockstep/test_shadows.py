@@ -1,5 +1,5 @@
-"""Shadows (``LOCKSTEP_SHADOWS=1``): with a spare for every rank of its node and one more, ``lockstep run`` keeps a
-shadow per rank -- a replacement that fast-forwards behind the live rank, told every couple of
+"""Shadows (``LOCKSTEP_SHADOWS=1``): with a spare for every rank of its node and one more,
+``lockstep run`` keeps a shadow per rank -- a replacement that fast-forwards behind the live rank, told every couple of
 seconds how far it may go -- and a rank lost late in the job is taken over by its shadow, already
 near its step, instead of a spare that re-runs the whole loop. The job's result stays bitwise
 that of a failure-free run."""
@@ -7,7 +7,6 @@ that of a failure-free run."""
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -18,30 +17,9 @@ pytestmark = pytest.mark.slow
 SCRIPT, ARGS = "mlp_sampler.py", ["80"]  # 1,280 steps
 
 
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def make(*args, **kwargs):
-        job = Job(tmp_path, *args, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.close()
-
-
-def wait_for_shadows(job: Job, past_step: int, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert job.proc.poll() is None, f"the job ended before its shadows caught up:\n{job.output[-3000:]}"
-        st = job.status()
-        if st and sorted(s["rank"] for s in st["shadows"]) == [0, 1, 2, 3] and \
-                min(s["step"] for s in st["shadows"]) >= past_step:
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"no shadow per rank past step {past_step} in {timeout} s: {job.status()}")
+def wait_for_shadows(job: Job, past_step: int) -> dict:
+    return job.wait_status(lambda st: sorted(s["rank"] for s in st["shadows"]) == [0, 1, 2, 3] and
+                           min(s["step"] for s in st["shadows"]) >= past_step, f"a shadow per rank past step {past_step}")
 
 
 def test_a_rank_killed_after_its_shadow_caught_up_is_taken_over_by_it_bitwise(job_factory, tmp_path_factory):

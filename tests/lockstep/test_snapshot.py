@@ -23,20 +23,6 @@ CASES = {
 }
 
 
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def make(*args, **kwargs):
-        job = Job(tmp_path, *args, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.close()
-
-
 def _snapshot(job: Job) -> dict:
     done = job.cli("snapshot", "--job", job.name, timeout=300)
     assert done.returncode == 0, done.stderr + job.output[-3000:]
