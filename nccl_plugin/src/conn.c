@@ -47,6 +47,7 @@ ls_comm *ls_comm_new(int is_send, int dev) {
     for (size_t i = 0; i < sizeof c->pending_fds / sizeof c->pending_fds[0]; i++) c->pending_fds[i] = -1;
     for (int i = 0; i < LS_MAX_REQS; i++) c->reqs[i].comm = c;
     c->active = 0;
+    c->thread_nap_ms = INT_MAX; /* no isend holds data back before the thread has looked */
     return c;
 }
 
@@ -117,8 +118,16 @@ void ls_queue_credit(ls_comm *c, int path, const ls_req *r) {
 
 /* ---- streams ---- */
 
+/* A chunk left its stream: written, or the stream closed (a failover sends it again). A ring
+ * message's isend is done with its last chunk: its bytes stay in the ring until acknowledged, and
+ * a resend comes from there. */
 static void chunk_written(ls_comm *c, const ls_chunk *ch) {
-    c->msgs[ch->msg % LS_MAX_MSGS].inflight--;
+    ls_msg *m = &c->msgs[ch->msg % LS_MAX_MSGS];
+    m->inflight--;
+    if (m->in_ring && m->req && ch->off + ch->len == ch->msg_size) {
+        __atomic_store_n(&m->req->done, 1, __ATOMIC_RELEASE);
+        m->req = NULL;
+    }
     ls_chunk *w = &c->window[ch->seq % LS_WINDOW];
     if (w->seq == ch->seq) w->inflight = 0;
 }
@@ -185,6 +194,7 @@ void ls_msgs_free(ls_comm *c) {
         if (c->seq_acked <= m->last_seq || m->inflight || c->msg_freed >= c->peer_matched) return;
         if (m->in_ring && m->ring_end > c->ring_tail) c->ring_tail = m->ring_end;
         if (m->req) __atomic_store_n(&m->req->done, 1, __ATOMIC_RELEASE);
+        m->req = NULL;
         c->msg_freed++;
     }
     if (c->msg_freed == c->next_msg) c->ring_tail = c->ring_head; /* empty: no padding held */
@@ -821,6 +831,29 @@ static int skip_read(const ls_stream *st, int which, int s, uint64_t now_us, int
     return which == LS_PASS_POST ? !timer_due : s > 0;
 }
 
+/* Whether an isend leaves the chunks cut and not yet written for later, to go with the next
+ * ones in one sendmsg (a test() on a send not done writes them; so does the progress thread on
+ * its next look): while they are fewer than LS_TXQ frames and LS_CORK_BYTES, all of ring
+ * messages (a zero-copy one completes on its ack: it goes at once), nothing else waits on the
+ * active path (a part-written frame, control frames) and the thread's poll is short, so it looks
+ * within ~1 ms. After a pause it sleeps longer, and an isend writes at once. */
+static int hold_batch(const ls_comm *c, int hot) {
+    if (hot < 0 || c->paths[hot].state != LS_PATH_UP || c->thread_nap_ms > 1) return 0;
+    uint64_t n = c->seq_next - c->seq_unsent;
+    if (!n || n >= LS_TXQ) return 0;
+    for (int s = 0; s < LS_MAX_STREAMS; s++) {
+        const ls_stream *st = &c->paths[hot].streams[s];
+        if (st->fd >= 0 && (st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len)) return 0;
+    }
+    size_t bytes = 0;
+    for (uint64_t q = c->seq_unsent; q < c->seq_next; q++) {
+        const ls_chunk *w = &c->window[q % LS_WINDOW];
+        if (!c->msgs[w->msg % LS_MAX_MSGS].in_ring) return 0;
+        bytes += w->len;
+    }
+    return bytes < LS_CORK_BYTES;
+}
+
 void ls_progress_pass(ls_comm *c, int which) {
     uint64_t now_us = ls_now_us();
     int caller = which == LS_PASS_HOT || which == LS_PASS_POST;
@@ -831,7 +864,7 @@ void ls_progress_pass(ls_comm *c, int which) {
      * message cannot be cut yet, its ring or table is full (`needs_acks`), or the path was not
      * read for LS_SENDER_READ_US (liveness, ring space): a recv that mostly says EAGAIN per
      * message is the sender's largest per-message cost after its sendmsg. */
-    int read_hot = 1, timer_due = now_us - c->hot_read_us >= LS_SENDER_READ_US;
+    int read_hot = 1, timer_due = now_us - c->hot_read_us >= LS_SENDER_READ_US, refused = c->needs_acks;
     if (c->is_send && caller) {
         make_chunks(c);
         read_hot = c->needs_acks || c->next_chunk_msg < c->next_msg || timer_due;
@@ -852,9 +885,14 @@ void ls_progress_pass(ls_comm *c, int which) {
             }
         }
     if (c->is_send) make_chunks(c);
-    /* write everything that can be written (cheap when nothing is ready) */
+    /* write everything that can be written (cheap when nothing is ready), but an isend may hold a
+     * small batch back (hold_batch; not the retry of a refused one), and the thread, which leaves
+     * the hot path to NCCL's calls, still writes what an isend held */
+    int hold = which == LS_PASS_POST && c->is_send && !refused && hold_batch(c, hot);
+    int flush = which == LS_PASS_COLD && c->held;
+#define SKIP_WRITE(p) ((p) == hot ? hold || (which == LS_PASS_COLD && !flush) : caller)
     for (int p = 0; p < c->npaths && !c->error; p++)
-        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_PATH(p); s++) {
+        for (int s = 0; s < LS_MAX_STREAMS && !SKIP_WRITE(p); s++) {
             ls_stream *st = &c->paths[p].streams[s];
             if (st->fd >= 0 && stream_write(c, p, st) != 0) {
                 if (ls_cfg.debug) LS_INFO("stream %d of path %d: write failed: %s", s, p, strerror(errno));
@@ -862,6 +900,11 @@ void ls_progress_pass(ls_comm *c, int which) {
                 break;
             }
         }
+    if (hold)
+        c->held = 1;
+    else if (hot >= 0 && !SKIP_WRITE(hot))
+        c->held = 0; /* what was held went (or waits for socket space, which the thread watches) */
+#undef SKIP_WRITE
 #undef SKIP_PATH
     if (!c->is_send) ls_ack(c, 0);
 }
@@ -893,9 +936,10 @@ void ls_ack(ls_comm *c, int flush) {
 /* ---- the loop ---- */
 
 /* A sender with nothing left to cut or write: what its active path brings now is acks, which
- * only free ring space, and NCCL's next isend reads them itself. */
+ * only free ring space, and NCCL's next isend reads them itself. Chunks an isend holds back for
+ * a batch count as nothing: a test() writes them, or the thread on its next (1 ms) look. */
 int ls_sender_idle(const ls_comm *c, int hot) {
-    if (hot < 0 || c->next_chunk_msg < c->next_msg || c->seq_unsent < c->seq_next) return 0;
+    if (hot < 0 || c->next_chunk_msg < c->next_msg || (c->seq_unsent < c->seq_next && !c->held)) return 0;
     for (int s = 0; s < LS_MAX_STREAMS; s++) {
         const ls_stream *st = &c->paths[hot].streams[s];
         if (st->fd >= 0 && (st->tx_busy || st->tx_ctrl_off < st->tx_ctrl_len)) return 0;
@@ -943,9 +987,9 @@ static void *progress(void *arg) {
         }
         /* While NCCL keeps calling test() on receives it moves the data itself; the thread then
          * stays off that path (no lock hand-offs per message) and keeps time and the standbys.
-         * A sender's isends complete at once, so NCCL stops calling while data still waits for
-         * eager room, credits or socket space: the sender's thread leaves the active path to
-         * NCCL's isends only while nothing waits there. */
+         * A sender's thread leaves the active path to NCCL's isends and tests only while nothing
+         * waits there but a batch an isend held back (hold_batch), which it writes after its
+         * short poll: data that waits for eager room, credits or socket space it moves itself. */
         int hot = hot_path(c);
         int caller_driving = ls_now_us() - __atomic_load_n(&c->caller_pass_us, __ATOMIC_RELAXED) < 2000 && (!c->is_send || ls_sender_idle(c, hot));
         int any_pending = 0;
@@ -977,7 +1021,8 @@ static void *progress(void *arg) {
                 any_pending = 1;
             }
         c->thread_off_hot = caller_driving;
-        int timeout = caller_driving ? 1 : ls_cfg.heartbeat_ms / 20; /* the liveness check's granularity */
+        int timeout = caller_driving || c->held ? 1 : ls_cfg.heartbeat_ms / 20; /* the liveness check's granularity */
+        c->thread_nap_ms = timeout; /* isends hold data back only while this is short */
         pthread_mutex_unlock(&c->lock);
         poll(pfd, (nfds_t)n, timeout);
         thread_lock(c, pfd, n, kind);
@@ -1024,6 +1069,8 @@ void ls_comm_free(ls_comm *c) {
          * lose them, so a send comm first waits (the progress thread works meanwhile) until
          * every message is acknowledged, or no path is left, or LOCKSTEP_NCCL_GIVEUP_MS */
         uint64_t deadline = ls_now_ms() + (uint64_t)ls_cfg.giveup_ms;
+        if (c->is_send && c->established && c->error == ncclSuccess)
+            ls_progress_pass(c, LS_PASS_HOT); /* a batch an isend held back goes now */
         while (c->is_send && c->established && c->error == ncclSuccess &&
                (c->next_chunk_msg < c->next_msg || c->seq_acked < c->seq_next) &&
                ls_now_ms() < deadline) {

@@ -101,6 +101,7 @@ void ls_path_dead(ls_comm *c, int path, const char *reason) {
         int to = best_up_path(c, path);
         c->active = to;
         c->seq_unsent = c->seq_acked; /* everything unacknowledged goes again, over `to` */
+        c->held = 0;                  /* (not held back for a batch: the thread writes it) */
         c->resent_chunks += c->seq_next - c->seq_acked;
         c->failovers++;
         c->failover_started_ms = now;
@@ -130,6 +131,7 @@ void ls_path_up(ls_comm *c, int path) {
     if (c->is_send && c->active < 0) {
         c->active = path;
         c->seq_unsent = c->seq_acked;
+        c->held = 0;
         emit_switch(c, "nccl.failover", -1, path, "path up");
     }
 }

@@ -231,8 +231,11 @@ static uint64_t ring_place(const ls_comm *c, size_t size) {
 }
 
 /* A small message (below LOCKSTEP_NCCL_ZEROCOPY_BYTES) that fits the retransmit ring is copied
- * there and its request is done at once (the ring keeps it until acknowledged, for a resend over
- * a standby); a full ring or request table is a NULL request, which NCCL retries. A large one
+ * there and cut into chunks; the ring keeps it until acknowledged, for a resend over a standby.
+ * Its request is done once its last chunk was handed to a socket: an isend holds a small batch
+ * back (conn.c hold_batch), so a stream of them goes with one sendmsg per LS_TXQ frames, and a
+ * test() on a send not done writes the batch (latency stays). A full ring or request table is a
+ * NULL request, which NCCL retries. A large one
  * (or one larger than the ring) is sent from the caller's buffer, which the plugin references
  * until the receiver acknowledged it: its request completes on that ack (NCCL does not touch a
  * send buffer before test() says done), and a failover resends from that buffer. A copy there
@@ -262,11 +265,11 @@ ncclResult_t ls_isend(void *send_comm, void *data, size_t size, int tag, void **
             if (size) memcpy(m->data, data, size);
             if (c->ring_tail == c->ring_head) c->ring_tail = start;
             m->ring_end = c->ring_head = start + size;
-            r->done = 1;
         } else {
             m->data = data;
-            m->req = r;
+            r->zerocopy = 1;
         }
+        m->req = r;
         *request = r;
     }
     /* the new message moves now; a NULL request's retry finds the acks read meanwhile */
@@ -321,14 +324,15 @@ ncclResult_t ls_iflush(void *recv_comm, void **request) {
 }
 
 /* NCCL calls test() in a tight loop: until the request is done it never waits for the lock (a
- * spinning caller would starve the progress thread); with the lock free it moves data itself. */
+ * spinning caller would starve the progress thread); with the lock free it moves data itself,
+ * which writes a batch an isend held back. */
 ncclResult_t ls_test(void *request, int *done, int *sizes) {
     ls_req *r = request;
     ls_comm *c = r->comm;
     *done = 0;
     if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
         if (pthread_mutex_trylock(&c->lock) == 0) {
-            if (r->is_send) c->needs_acks = 1; /* a zero-copy send completes on its ack */
+            if (r->is_send && r->zerocopy) c->needs_acks = 1; /* it completes on its ack */
             ls_progress_pass(c, LS_PASS_HOT);
             pthread_mutex_unlock(&c->lock);
         }

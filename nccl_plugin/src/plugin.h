@@ -41,6 +41,7 @@
 #define LS_WINDOW 1024     /* chunks in flight (sent, not yet acknowledged) per comm */
 #define LS_MAX_MSGS 1024   /* isends posted and not yet acknowledged, per comm */
 #define LS_TXQ 16          /* data frames one stream writes with one sendmsg */
+#define LS_CORK_BYTES (64u << 10) /* an isend holds ring messages back below LS_TXQ frames and this (test() writes them) */
 #define LS_RX_STAGE 32768  /* a stream's read buffer: many small frames per recv */
 #define LS_ACK_CHUNKS 32   /* the receiver acks at least every this many chunks ... */
 #define LS_ACK_US 200      /* ... or this often while chunks arrive */
@@ -169,6 +170,7 @@ typedef struct {
     int done;
     /* send */
     size_t size;
+    int zerocopy;       /* done on its ack; a ring message's once its last chunk was written */
     /* recv */
     int n;
     uint64_t index;
@@ -182,13 +184,14 @@ typedef struct {
     int ntaken;
 } ls_req;
 
-/* A posted isend. Its bytes are in the retransmit ring (the isend completed at once) or, for a
- * message larger than the ring, in the caller's buffer (`req` completes on the acks). */
+/* A posted isend. Its bytes are in the retransmit ring (`req` completes once its last chunk was
+ * handed to a socket, or its stream closed: the ring resends it) or, for a large message, in the
+ * caller's buffer (`req` completes on the acks). */
 typedef struct {
     char *data;
     size_t size;
     int tag;
-    ls_req *req;         /* zero-copy only */
+    ls_req *req;         /* until it completes (NULL after: NCCL may reuse the request) */
     int in_ring;
     uint64_t ring_end;   /* ring counter past its bytes: the ring is free up to here once it is acked */
     size_t chunk_off;    /* next byte to cut into a chunk */
@@ -350,6 +353,8 @@ typedef struct ls_comm {
     uint64_t caller_pass_us; /* NCCL's last call that moved data itself */
     uint64_t hot_read_us;    /* the hot path was last read (sender: isends skip reads they do not need) */
     int needs_acks;          /* sender: an isend was refused (ring or table full): read the acks */
+    int held;                /* sender: an isend held cut chunks back for a batch (hold_batch); none written since */
+    int thread_nap_ms;       /* the progress thread's poll timeout now: isends hold chunks back only while it is short */
     int thread_off_hot;      /* the progress thread left the hot path to NCCL's calls in its last poll */
     uint64_t failovers, failbacks, resent_chunks, dup_chunks;
 } ls_comm;

@@ -210,9 +210,13 @@ def _through_a_failover_and_back(run, pair, agent) -> dict:
 def test_messages_larger_than_the_retransmit_ring_go_from_the_callers_buffer_through_a_failover(
         pair, plugin_lib, agent, ring_bytes):
     # 0: no ring, every isend completes on its ack; 1 MiB: the ring fills (NULL requests, which
-    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy
+    # the harness retries as NCCL does) and messages above 1 MiB go zero-copy. The zero-copy
+    # threshold is lifted above every message, so the ring takes all up to its size: a ring
+    # send completes once written, so with the default threshold (256 KiB) the 32 requests,
+    # held by the large zero-copy messages ahead of them, never hold 1 MiB of small ones.
     run = Transfer(pair, plugin_lib, agent, "--until-stop", "--seed", "19",
-                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes)})
+                   env={"LOCKSTEP_NCCL_RETRANSMIT_BYTES": str(ring_bytes),
+                        "LOCKSTEP_NCCL_ZEROCOPY_BYTES": str(64 << 20)})
     results = _through_a_failover_and_back(run, pair, agent)
     _assert_intact(results)
     if ring_bytes:
