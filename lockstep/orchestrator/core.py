@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # How far apart the survivors' completed collectives may be for a recovery: every rank keeps the
-# inputs of this many completed ops (lockstep/runtime/group.py) to re-run them. One is the common
-# case; a buffer broadcast's root, or a rank whose completion the failure cut off, makes it more.
-RERUN_WINDOW = 3
+# inputs of this many completed ops (lockstep/runtime/group.py) to re-run them. The ops a backend
+# runs at once (gloo: two) is the common case; a buffer broadcast's root, or a rank whose
+# completion the failure cut off, makes it more.
+RERUN_WINDOW = 4
 
 
 class Unrecoverable(Exception):

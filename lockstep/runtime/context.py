@@ -237,7 +237,8 @@ class Runtime:
         if blob:
             fields["buffers"] = blob
         if kind == "post":
-            fields["data"] = json.dumps(self.positions(), separators=(",", ":")).encode()
+            positions = self.positions()
+            fields["data"] = _COMPACT_JSON.encode(positions).encode() if positions else b"[]"
         fields["meta"] = struct.pack("<q", self.step_no)
         return fields
 
@@ -543,6 +544,9 @@ def _copy_state(sd: dict) -> dict:
     # top-level lists and dicts so a later in-place change cannot reach the snapshot.
     return {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in sd.items()}
 
+
+# Built once: json.dumps with separators builds an encoder per call (a third of a write's time).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 RUNTIME: Runtime | None = None
 

@@ -66,7 +66,7 @@ def _backend_factory(rt, store, rank, size, timeout, inner_name, group_id):
             return dist.ProcessGroupNCCL(gstore, rank, size, opts)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
-        opts._threads = 1  # one collective at a time: see group.py
+        # Gloo's default two threads, as in a plain job (group.py: ops may finish out of order).
         opts._devices = [dist.ProcessGroupGloo.create_default_device()]
         return dist.ProcessGroupGloo(gstore, rank, size, opts)
 

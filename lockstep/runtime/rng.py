@@ -84,7 +84,7 @@ class RngTracker:
     def capture(self, include_slow: bool = True) -> dict[str, bytes]:
         """``include_slow`` False: only torch generators (the mid-step pins)."""
         fields = {"torch": torch.get_rng_state().numpy().tobytes()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():  # (never without CUDA; is_available() costs a call into C)
             states = torch.cuda.get_rng_state_all()
             fields["cuda"] = struct.pack("<I", len(states)) + b"".join(
                 struct.pack("<I", s.numel()) + s.numpy().tobytes() for s in states)
