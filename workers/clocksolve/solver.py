@@ -11,7 +11,10 @@ offsets x solve ``min Σ ρ((δ − Dx)ₑ / sₑ)`` with one node per connected
    edge's leverage (its share of the fit: an edge in few loops has a small residual even when
    it is wrong), scale a robust estimate of how well the σ's describe the noise (never below
    1: a graph whose σ's are too large is not made to flag more). A redescending ρ gives a
-   gross error no weight at all, where Huber still lets it pull.
+   gross error no weight at all, where Huber still lets it pull. Its objective has local minima:
+   a fit that leaves gross errors is tried again from a second L1 start in which no edge votes
+   more than one of median σ (one over-precise stale estimate must not outvote a node's honest
+   edges), and the fit with fewer gross errors is kept.
 3. Edges with ``|z| > flag_k`` are **flagged** (a fault signal in itself: a bad pair estimate,
    a path that changed, asymmetric congestion) and left out of a final weighted least-squares
    solve, whose inverse normal matrix gives each node's uncertainty.
@@ -170,6 +173,38 @@ def _covariance_parts(dg: sparse.csr_matrix, w: np.ndarray, a_loc, b_loc, config
     return var, lev
 
 
+def _irls(d, dg, delta, w0, denom, checkable, x, config: SolverConfig) -> tuple[np.ndarray, float]:
+    """Iteratively reweighted least squares for Huber or Tukey from x: (x, noise scale)."""
+    tolerance = 1e-6 * max(1.0, float(np.min(1.0 / np.sqrt(w0))))
+    for _ in range(config.max_iter):
+        zraw = (delta - d @ x) / denom
+        scale = _noise_scale(zraw, checkable)
+        u = zraw / scale
+        if config.robust == "huber":
+            factor = np.where(np.abs(u) <= config.huber_k, 1.0, config.huber_k / np.maximum(np.abs(u), 1e-12))
+        else:
+            factor = np.where(np.abs(u) < config.tukey_c, (1 - (u / config.tukey_c) ** 2) ** 2, 0.0)
+        factor = np.where(checkable, factor, 1.0)
+        x_new = _wls(dg, w0 * np.maximum(factor, 1e-12), delta)
+        moved = float(np.max(np.abs(x_new - x))) if x.size else 0.0
+        x = x_new
+        if moved <= tolerance:
+            break
+    return x, _noise_scale((delta - d @ x) / denom, checkable)
+
+
+def _noise_scale(zraw: np.ndarray, checkable: np.ndarray) -> float:
+    """How well the σ's describe the noise (MAD of the checkable edges), never below 1."""
+    core = np.abs(zraw[checkable])
+    return max(1.4826 * float(np.median(core)), 1.0) if core.size else 1.0
+
+
+def _tukey_objective(u: np.ndarray, c: float) -> float:
+    """Σ ρ(u) of Tukey's biweight: each gross error costs c²/6 whatever its size or σ."""
+    inside = np.minimum((u / c) ** 2, 1.0)
+    return float(np.sum(c * c / 6.0 * (1.0 - (1.0 - inside) ** 3)))
+
+
 def _solve_component(g: Graph, nodes: np.ndarray, ref: int, edges: np.ndarray, config: SolverConfig,
                      values: np.ndarray, sigmas: np.ndarray) -> ComponentSolution:
     order = np.concatenate([[ref], nodes[nodes != ref]])
@@ -185,39 +220,49 @@ def _solve_component(g: Graph, nodes: np.ndarray, ref: int, edges: np.ndarray, c
     delta = values[edges]
     sig = sigmas[edges]
     w0 = 1.0 / sig**2
-    x = _wls(dg, w0, delta) if config.robust == "none" else _l1(dg, w0, delta)
     keep = np.ones(edges.size, dtype=bool)
     scale = 1.0
     _, lev = _covariance_parts(dg, w0, a_loc, b_loc, config)
     denom = sig * np.sqrt(np.clip(1.0 - lev, 1e-6, None))
     checkable = lev < 1.0 - 1e-6  # an edge in no loop cannot be checked
-    if config.robust != "none":
-        for _ in range(config.max_iter):
-            r = delta - d @ x
-            zraw = r / denom
-            core = np.abs(zraw[checkable])
-            scale = max(1.4826 * float(np.median(core)), 1.0) if core.size else 1.0
-            u = zraw / scale
-            if config.robust == "huber":
-                factor = np.where(np.abs(u) <= config.huber_k, 1.0, config.huber_k / np.maximum(np.abs(u), 1e-12))
-            else:
-                factor = np.where(np.abs(u) < config.tukey_c, (1 - (u / config.tukey_c) ** 2) ** 2, 0.0)
-            factor = np.where(checkable, factor, 1.0)
-            new_w = w0 * np.maximum(factor, 1e-12)
-            x_new = _wls(dg, new_w, delta)
-            moved = float(np.max(np.abs(x_new - x))) if x.size else 0.0
-            x = x_new
-            if moved <= 1e-6 * max(1.0, float(np.min(sig))):
-                break
-        r = delta - d @ x
-        z = r / denom / scale
+    if config.robust == "none":
+        x = _wls(dg, w0, delta)
+    else:
+        x, scale = _irls(d, dg, delta, w0, denom, checkable, _l1(dg, w0, delta), config)
         if config.robust == "tukey":
+            x, scale = _second_start_if_better(d, dg, delta, w0, sig, denom, checkable, x, scale, config)
+            z = (delta - d @ x) / denom / scale
             keep = ~(checkable & (np.abs(z) > config.flag_k))
             x = _wls(dg, w0 * keep, delta) if keep.any() else x
     r = delta - d @ x
     z = np.where(checkable, r / denom / scale, np.nan)
     var, _ = _covariance_parts(dg, np.where(keep, w0, w0 * 1e-12), a_loc, b_loc, config)
     return ComponentSolution(ref, order, x, np.sqrt(np.maximum(var, 0.0)) * scale, edges, r, z, ~keep, scale)
+
+
+def _second_start_if_better(d, dg, delta, w0, sig, denom, checkable, x, scale, config: SolverConfig):
+    """Tukey's objective has local minima, and the σ-weighted L1 start can land in a wrong one: an
+    edge that claims a σ far below the others' (a stale estimate from before a clock step, say)
+    outvotes all of a node's honest edges, and the fit moves the node to agree with it. A wrong
+    minimum leaves gross residuals, so only a fit that would flag edges is tried again, from an L1
+    start where no edge votes more than one of median σ; the fit with fewer gross errors (lower
+    objective, by more than half an edge's rejection cost c²/6, at the larger of the two noise
+    scales) wins."""
+    c = config.tukey_c
+    if not np.any(checkable & (np.abs((delta - d @ x) / denom / scale) > config.flag_k)):
+        return x, scale
+    capped = np.minimum(w0, 1.0 / float(np.median(sig)) ** 2)
+    if np.array_equal(capped, w0):
+        return x, scale
+    x2, scale2 = _irls(d, dg, delta, w0, denom, checkable, _l1(dg, capped, delta), config)
+    common = max(scale, scale2)
+
+    def objective(xs):
+        return _tukey_objective(np.where(checkable, (delta - d @ xs) / denom / common, 0.0), c)
+
+    if objective(x2) < objective(x) - c * c / 12.0:
+        return x2, scale2
+    return x, scale
 
 
 def solve(g: Graph, config: SolverConfig = SolverConfig()) -> Solution:
