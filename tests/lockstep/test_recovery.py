@@ -16,6 +16,7 @@ CASES = {
     "mlp_sampler.py": ["20"],  # 320 steps
     "transformer_lm.py": ["40"],  # 320 optimizer steps, gradient accumulation
     "rank_seeded.py": ["400"],  # per-rank seeds, NumPy and random in every batch
+    "manual_allreduce.py": ["200"],  # no DDP: one all_reduce per parameter, a barrier every 50 steps
 }
 
 
