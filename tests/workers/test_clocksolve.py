@@ -88,30 +88,34 @@ def test_a_bridge_cannot_be_checked_and_is_never_flagged():
     assert bridge["z"] is None and not bridge["flagged"]
 
 
-def stepped_ring(stale_sigma_ns: float, honest_sigma_ns: float = 500.0, step_ns: float = 3e6):
-    """Ten nodes in a ring with chords, true offsets 1 µs apart; n3 has just stepped by step_ns.
-    Every estimate touching n3 is fresh except the one with n4, which was measured before the step
-    and claims a precision of stale_sigma_ns."""
+def stepped_ring(stale_sigma_ns: float, stepped: str, honest_sigma_ns: float = 500.0, step_ns: float = 3e6):
+    """Ten nodes in a ring with chords, true offsets 1 µs apart; ``stepped`` (n3 or n4) has just
+    stepped by step_ns. Every estimate is fresh except the one between n3 and n4, measured before
+    the step, which claims a precision of stale_sigma_ns. n3 has two more chords than n4, so an
+    L1 fit that believes the stale pair moves n4 (dragging an unstepped node when n3 stepped) or
+    holds n4 back (missing the step when n4 stepped)."""
     names = [f"n{i}" for i in range(10)]
     truth = {n: 1000.0 * i for i, n in enumerate(names)}
-    truth["n3"] += step_ns
-    pairs = [(i, (i + 1) % 10) for i in range(10)] + [(i, (i + 3) % 10) for i in range(0, 10, 2)]
+    truth[stepped] += step_ns
+    pairs = [(i, (i + 1) % 10) for i in range(10)] + [(i, (i + 3) % 10) for i in range(0, 10, 2)] + [(3, 6), (3, 8)]
     noise = np.random.default_rng(11).normal(0.0, 0.3 * honest_sigma_ns, len(pairs))
     edges = []
     for (i, j), eps in zip(pairs, noise, strict=True):
         a, b = names[i], names[j]
         stale = {a, b} == {"n3", "n4"}
-        offset = truth[b] - truth[a] + (step_ns if a == "n3" else -step_ns) * stale + eps
+        sign = 1.0 if a == stepped else -1.0  # before the step, the stepped end still read its old time
+        offset = truth[b] - truth[a] + sign * step_ns * stale + eps
         edges.append({"a": a, "b": b, "offset_ns": offset,
                       "sigma_ns": stale_sigma_ns if stale else honest_sigma_ns})
     return {"format": "lockstep.clockgraph/v1", "reference": "n0", "nodes": names, "edges": edges}, truth
 
 
+@pytest.mark.parametrize("stepped", ["n3", "n4"])
 @pytest.mark.parametrize("stale_sigma_ns", [500.0, 50.0, 5.0])
-def test_one_over_precise_stale_estimate_does_not_drag_an_unstepped_neighbour(stale_sigma_ns):
-    # The σ-weighted L1 start lets one edge that claims a tiny σ outvote all of n4's honest edges;
-    # the robust fit must still keep n4 where its other neighbours put it and flag the stale edge.
-    doc, truth = stepped_ring(stale_sigma_ns)
+def test_one_over_precise_stale_estimate_neither_drags_a_neighbour_nor_hides_a_step(stale_sigma_ns, stepped):
+    # The σ-weighted L1 start lets one pair that claims a tiny σ outvote a node's honest pairs; the
+    # robust fit must still put every node where its honest pairs say and flag the stale pair.
+    doc, truth = stepped_ring(stale_sigma_ns, stepped)
     out = solve(parse_graph(doc)).to_document()
     for node, offset in truth.items():
         assert out["offsets_ns"][node] == pytest.approx(offset, abs=2000), node

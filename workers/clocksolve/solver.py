@@ -177,7 +177,7 @@ def _irls(d, dg, delta, w0, denom, checkable, x, config: SolverConfig) -> tuple[
     """Iteratively reweighted least squares for Huber or Tukey from x: (x, noise scale)."""
     tolerance = 1e-6 * max(1.0, float(np.min(1.0 / np.sqrt(w0))))
     for _ in range(config.max_iter):
-        zraw = (delta - d @ x) / denom
+        zraw = _zraw(d, delta, denom, x)
         scale = _noise_scale(zraw, checkable)
         u = zraw / scale
         if config.robust == "huber":
@@ -190,7 +190,12 @@ def _irls(d, dg, delta, w0, denom, checkable, x, config: SolverConfig) -> tuple[
         x = x_new
         if moved <= tolerance:
             break
-    return x, _noise_scale((delta - d @ x) / denom, checkable)
+    return x, _noise_scale(_zraw(d, delta, denom, x), checkable)
+
+
+def _zraw(d, delta, denom, x) -> np.ndarray:
+    """Each edge's residual over its σ and leverage, before the noise scale."""
+    return (delta - d @ x) / denom
 
 
 def _noise_scale(zraw: np.ndarray, checkable: np.ndarray) -> float:
@@ -231,8 +236,7 @@ def _solve_component(g: Graph, nodes: np.ndarray, ref: int, edges: np.ndarray, c
         x, scale = _irls(d, dg, delta, w0, denom, checkable, _l1(dg, w0, delta), config)
         if config.robust == "tukey":
             x, scale = _second_start_if_better(d, dg, delta, w0, sig, denom, checkable, x, scale, config)
-            z = (delta - d @ x) / denom / scale
-            keep = ~(checkable & (np.abs(z) > config.flag_k))
+            keep = ~(checkable & (np.abs(_zraw(d, delta, denom, x) / scale) > config.flag_k))
             x = _wls(dg, w0 * keep, delta) if keep.any() else x
     r = delta - d @ x
     z = np.where(checkable, r / denom / scale, np.nan)
@@ -249,7 +253,7 @@ def _second_start_if_better(d, dg, delta, w0, sig, denom, checkable, x, scale, c
     objective, by more than half an edge's rejection cost c²/6, at the larger of the two noise
     scales) wins."""
     c = config.tukey_c
-    if not np.any(checkable & (np.abs((delta - d @ x) / denom / scale) > config.flag_k)):
+    if not np.any(checkable & (np.abs(_zraw(d, delta, denom, x) / scale) > config.flag_k)):
         return x, scale
     capped = np.minimum(w0, 1.0 / float(np.median(sig)) ** 2)
     if np.array_equal(capped, w0):
@@ -258,7 +262,7 @@ def _second_start_if_better(d, dg, delta, w0, sig, denom, checkable, x, scale, c
     common = max(scale, scale2)
 
     def objective(xs):
-        return _tukey_objective(np.where(checkable, (delta - d @ xs) / denom / common, 0.0), c)
+        return _tukey_objective(np.where(checkable, _zraw(d, delta, denom, xs) / common, 0.0), c)
 
     if objective(x2) < objective(x) - c * c / 12.0:
         return x2, scale2
